@@ -1,0 +1,77 @@
+"""Engine settings in one place; the CLI and the offline API map onto EngineConfig."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
+           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "half": torch.float16, "fp16": torch.float16}
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None                  # None: the embedded default (SmolLM2-135M-Instruct)
+    tokenizer: str | None = None
+    skip_tokenizer_init: bool = False         # token-id prompts only; no text in outputs
+    load_format: str = "auto"                 # auto | safetensors | gguf | dummy
+    dtype: str = "auto"
+    device: str = "auto"                      # auto | cpu | cuda
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    gpu_memory_utilization: float = 0.9
+    block_size: int = 16
+    kv_cache_memory_gib: float | None = None  # explicit KV budget (CPU default: 2 GiB)
+    num_kv_blocks: int | None = None          # exact block count (tests, tuning)
+    seed: int = 0
+    enforce_eager: bool = False
+    tensor_parallel_size: int = 1
+    quantization: str | None = None
+    attention_backend: str = "auto"           # auto | torch | triton
+    mm_processor_kwargs: dict = field(default_factory=dict)
+    limit_mm_per_prompt: dict = field(default_factory=dict)
+    chat_template: str | None = None
+
+    def __post_init__(self):
+        if self.load_format not in ("auto", "safetensors", "gguf", "dummy"):
+            raise ValueError(f"load_format must be auto, safetensors, gguf or dummy, "
+                             f"not {self.load_format!r}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
+        if self.dtype != "auto" and self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be auto or one of {sorted(_DTYPES)}, not {self.dtype!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be >= 1")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.block_size not in (8, 16, 32, 64, 128):
+            raise ValueError("block_size must be one of 8, 16, 32, 64, 128")
+        if self.tensor_parallel_size != 1:
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} is not supported "
+                             "yet: this build serves on one GPU (the layers are TP-ready, the "
+                             "multi-GPU runner is not built)")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError("attention_backend must be auto, torch or triton")
+
+    def resolve_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError("device='cuda' was asked for but CUDA is not available")
+        return torch.device(self.device)
+
+    def resolve_dtype(self, hf_config, device: torch.device) -> torch.dtype:
+        if self.dtype != "auto":
+            return _DTYPES[self.dtype]
+        if device.type == "cpu":
+            return torch.float32   # bf16 matmuls are slow on most CPUs
+        dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+        if isinstance(dtype, str):
+            dtype = _DTYPES.get(dtype)
+        return dtype if dtype in (torch.bfloat16, torch.float16) else torch.bfloat16

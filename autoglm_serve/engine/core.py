@@ -1,0 +1,216 @@
+"""The engine core: scheduler + KV cache + model runner, stepping on token ids only.
+
+It knows nothing about text: detokenization and stop strings live in the output processor, which
+aborts a request here when its text hits a stop string. So this loop can run on its own thread
+(or process) while tokenization and detokenization happen elsewhere.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from autoglm_serve.config import EngineConfig
+from autoglm_serve.engine.kv_cache import KVCacheManager
+from autoglm_serve.engine.model_setup import LoadedModel, load_model, text_config
+from autoglm_serve.engine.request import Request, RequestStatus
+from autoglm_serve.engine.runner import ModelRunner
+from autoglm_serve.engine.sampler import SamplerOutput
+from autoglm_serve.models.layers.attention import AttentionBackend
+
+logger = logging.getLogger(__name__)
+
+CPU_DEFAULT_KV_GIB = 2.0
+
+
+@dataclass
+class TokenLogprobs:
+    sampled_logprob: float
+    sampled_rank: int
+    top: list[tuple[int, float]]   # (token id, logprob), most likely first
+
+
+@dataclass
+class CoreOutput:
+    request_id: str
+    new_token_ids: list[int]
+    logprobs: list[TokenLogprobs] | None
+    finish_reason: str | None       # "stop" | "length" | "abort" | None
+    stop_reason: int | None = None  # the token id that stopped it
+
+
+@dataclass
+class CacheSizing:
+    num_blocks: int
+    block_size: int
+    bytes_per_block: int
+    activation_bytes: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+
+def select_backend(name: str, device: torch.device) -> AttentionBackend:
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch"
+    if name == "triton":
+        from autoglm_serve.models.layers.triton_attention import TritonAttentionBackend
+        return TritonAttentionBackend()
+    from autoglm_serve.models.layers.torch_attention import TorchAttentionBackend
+    return TorchAttentionBackend()
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None):
+        self.config = config
+        self.device = config.resolve_device()
+        self.loaded = loaded or load_model(config, self.device)
+        tcfg = text_config(self.loaded.hf_config)
+        self.max_model_len = min(config.max_model_len or tcfg.max_position_embeddings,
+                                 tcfg.max_position_embeddings)
+        if config.max_model_len and config.max_model_len > tcfg.max_position_embeddings:
+            raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
+                             f"max_position_embeddings={tcfg.max_position_embeddings}")
+        self.max_num_batched_tokens = config.max_num_batched_tokens or (
+            max(2048, config.max_num_seqs) if config.enable_chunked_prefill else self.max_model_len)
+        if not config.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(f"without chunked prefill, max_num_batched_tokens "
+                             f"({self.max_num_batched_tokens}) must be >= max_model_len "
+                             f"({self.max_model_len})")
+        self.vocab_size = tcfg.vocab_size
+        self.runner = self._make_runner()
+        self.cache = self._size_kv_cache()
+        self.runner.allocate_kv_cache(self.cache.num_blocks)
+        self.kv = KVCacheManager(self.cache.num_blocks, config.block_size,
+                                 config.enable_prefix_caching)
+        from autoglm_serve.engine.scheduler import Scheduler
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
+                                   config.enable_chunked_prefill)
+        self.requests: dict[str, Request] = {}
+        self.num_prompt_tokens_total = 0
+        self.num_generation_tokens_total = 0
+
+    def _make_runner(self) -> ModelRunner:
+        backend = select_backend(self.config.attention_backend, self.device)
+        return ModelRunner(self.loaded.model, backend, self.device, self.loaded.dtype,
+                           self.config.block_size, self.max_model_len, self.config.max_num_seqs,
+                           self.max_num_batched_tokens, self.vocab_size)
+
+    def _size_kv_cache(self) -> CacheSizing:
+        per_block = self.runner.kv_bytes_per_block()
+        bs = self.config.block_size
+        min_blocks = (self.max_model_len + bs - 1) // bs
+        if self.config.num_kv_blocks is not None:
+            return CacheSizing(self.config.num_kv_blocks, bs, per_block)
+        if self.device.type == "cuda":
+            sizing = self._profile_cuda(per_block)
+        else:
+            gib = self.config.kv_cache_memory_gib or CPU_DEFAULT_KV_GIB
+            sizing = CacheSizing(int(gib * 2**30) // per_block, bs, per_block)
+        if sizing.num_blocks < min_blocks:
+            raise ValueError(
+                f"the KV cache holds {sizing.num_tokens} tokens, fewer than max_model_len="
+                f"{self.max_model_len}: lower max_model_len or give the cache more memory")
+        return sizing
+
+    def _profile_cuda(self, per_block: int) -> CacheSizing:
+        if self.config.kv_cache_memory_gib:
+            return CacheSizing(int(self.config.kv_cache_memory_gib * 2**30) // per_block,
+                               self.config.block_size, per_block)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.runner.allocate_kv_cache(1)
+        before = torch.cuda.memory_allocated(self.device)
+        self.runner.profile_run()
+        torch.cuda.synchronize(self.device)
+        activation = torch.cuda.max_memory_allocated(self.device) - before
+        self.runner.allocate_kv_cache(0)
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        used = total - free
+        budget = total * self.config.gpu_memory_utilization - used - activation
+        return CacheSizing(max(0, int(budget) // per_block), self.config.block_size, per_block,
+                           activation)
+
+    # ---- requests -------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        self.requests[request.request_id] = request
+        self.scheduler.add(request)
+        self.num_prompt_tokens_total += request.num_prompt_tokens
+
+    def abort(self, request_ids) -> list[str]:
+        aborted = []
+        for rid in request_ids:
+            req = self.requests.pop(rid, None)
+            if req is not None:
+                self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
+                aborted.append(rid)
+        return aborted
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- the step -------------------------------------------------------------------------
+    def step(self) -> list[CoreOutput]:
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return []
+        result = self.runner.execute(sched.scheduled)
+        self.scheduler.update_after_step(sched.scheduled)
+        logprobs = _split_logprobs(result.sampler_output, result.requests)
+        outputs = []
+        for i, (req, token) in enumerate(zip(result.requests, result.sampled)):
+            req.append_token(token)
+            self.num_generation_tokens_total += 1
+            finish, stop_token = self._check_stop(req, token)
+            if finish is not None:
+                self.scheduler.finish(req, finish)
+                self.requests.pop(req.request_id, None)
+            outputs.append(CoreOutput(req.request_id, [token],
+                                      [logprobs[i]] if logprobs is not None else None,
+                                      finish.value if finish else None, stop_token))
+        return outputs
+
+    def _check_stop(self, req: Request, token: int):
+        params = req.sampling_params
+        n = req.num_output_tokens
+        if n >= params.min_tokens:
+            if not params.ignore_eos and token in req.eos_token_ids:
+                return RequestStatus.FINISHED_STOPPED, token
+            if token in params.stop_token_ids:
+                return RequestStatus.FINISHED_STOPPED, token
+        if n >= req.max_tokens or req.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH, None
+        return None, None
+
+    # ---- stats ----------------------------------------------------------------------------
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+
+def _split_logprobs(out: SamplerOutput | None, requests: list[Request]):
+    if out is None or out.logprobs is None:
+        return None
+    lp = out.logprobs
+    sampled = lp.sampled_logprobs.tolist()
+    ranks = lp.sampled_ranks.tolist()
+    top_ids = lp.top_token_ids.tolist()
+    top_lps = lp.top_logprobs.tolist()
+    result = []
+    for i, req in enumerate(requests):
+        k = req.sampling_params.logprobs
+        if k is None:
+            result.append(None)
+            continue
+        result.append(TokenLogprobs(sampled[i], ranks[i], list(zip(top_ids[i][:k], top_lps[i][:k]))))
+    return result

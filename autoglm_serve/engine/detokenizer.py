@@ -1,0 +1,72 @@
+"""Incremental detokenization and stop strings.
+
+Tokens are decoded in a sliding window so a multi-byte character split across tokens (Chinese,
+emoji) is only emitted once complete; text that could be the start of a stop string is held back
+so a stop string is never shown, even when it arrives split across tokens.
+"""
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizerBase
+
+_INCOMPLETE = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_token_ids: list[int],
+                 skip_special_tokens: bool = True, stop: list[str] = (),
+                 include_stop_str_in_output: bool = False):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.stop = list(stop)
+        self.include_stop = include_stop_str_in_output
+        self.tokens: list[int] = list(prompt_token_ids[-6:])  # context for leading spaces
+        self.prefix_offset = 0
+        self.read_offset = len(self.tokens)
+        self.text = ""            # all text decoded so far (stop string cut when found)
+        self.emitted = 0          # characters of text already handed out
+        self.stop_reason: str | None = None
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def add_tokens(self, token_ids: list[int]) -> None:
+        for tid in token_ids:
+            if self.stop_reason is not None:
+                return
+            self.tokens.append(tid)
+            prefix = self._decode(self.tokens[self.prefix_offset:self.read_offset])
+            full = self._decode(self.tokens[self.prefix_offset:])
+            if len(full) > len(prefix) and not full.endswith(_INCOMPLETE):
+                new = full[len(prefix):]
+                self.prefix_offset = self.read_offset
+                self.read_offset = len(self.tokens)
+                self._append(new)
+
+    def _append(self, new: str) -> None:
+        start = max(0, len(self.text) - max((len(s) for s in self.stop), default=0))
+        self.text += new
+        for s in self.stop:
+            i = self.text.find(s, start)
+            if i >= 0 and (self.stop_reason is None or i < self._stop_at):
+                self.stop_reason, self._stop_at = s, i
+        if self.stop_reason is not None:
+            end = self._stop_at + (len(self.stop_reason) if self.include_stop else 0)
+            self.text = self.text[:end]
+
+    def new_text(self, finished: bool) -> str:
+        """Text not handed out yet; a tail that may begin a stop string waits unless finished."""
+        end = len(self.text)
+        if not finished and self.stop_reason is None:
+            end -= self._held_back()
+        out = self.text[self.emitted:end]
+        self.emitted = max(self.emitted, end)
+        return out
+
+    def _held_back(self) -> int:
+        held = 0
+        for s in self.stop:
+            for k in range(min(len(s) - 1, len(self.text)), held, -1):
+                if self.text.endswith(s[:k]):
+                    held = k
+                    break
+        return held

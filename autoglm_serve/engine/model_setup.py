@@ -1,0 +1,88 @@
+"""From EngineConfig to a model on its device with its weights, config and tokenizer."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from autoglm_serve.config import EngineConfig
+from autoglm_serve.loader import (initialize_dummy_weights, iter_gguf_weights,
+                                  iter_safetensors_weights, resolve_model_path)
+from autoglm_serve.loader.model_path import ResolvedModel
+from autoglm_serve.models.layers.linear import get_linear_method
+from autoglm_serve.models.registry import resolve_model_class
+
+logger = logging.getLogger(__name__)
+
+# Architectures shipped with the package: served with dummy weights when no checkpoint is given.
+BUILTIN_CONFIGS = {"autoglm-phone-9b": Path(__file__).parent.parent / "models" / "configs"
+                   / "autoglm-phone-9b"}
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    hf_config: object
+    resolved: ResolvedModel
+    device: torch.device
+    dtype: torch.dtype
+    weight_bytes: int
+    load_seconds: float
+    generation_defaults: dict = field(default_factory=dict)
+
+
+def resolve(config: EngineConfig) -> ResolvedModel:
+    name = config.model
+    if name is not None and name.lower() in BUILTIN_CONFIGS and not Path(name).exists():
+        resolved = resolve_model_path(BUILTIN_CONFIGS[name.lower()])
+    else:
+        resolved = resolve_model_path(name)
+    if resolved.format == "dir-config-only" and config.load_format != "dummy":
+        raise ValueError(f"{resolved.path} has a config but no weights: give a checkpoint "
+                         "directory, or load_format='dummy' for random weights")
+    if config.load_format == "gguf" and resolved.format != "gguf":
+        raise ValueError(f"load_format='gguf' but {resolved.path} is not a GGUF file")
+    if config.load_format == "safetensors" and resolved.format != "safetensors":
+        raise ValueError(f"load_format='safetensors' but {resolved.path} has no safetensors")
+    return resolved
+
+
+def text_config(hf_config):
+    """The decoder's config (multimodal configs nest it)."""
+    return getattr(hf_config, "text_config", None) or hf_config
+
+
+def generation_defaults(resolved: ResolvedModel) -> dict:
+    """Sampling defaults from the checkpoint's generation_config.json (requests override)."""
+    path = resolved.path / "generation_config.json" if resolved.path.is_dir() else None
+    if path is None or not path.is_file():
+        return {}
+    cfg = json.loads(path.read_text())
+    keys = ("temperature", "top_p", "top_k", "repetition_penalty", "min_p")
+    return {k: cfg[k] for k in keys if k in cfg}
+
+
+def load_model(config: EngineConfig, device: torch.device) -> LoadedModel:
+    start = time.monotonic()
+    resolved = resolve(config)
+    hf_config = resolved.config
+    model_cls = resolve_model_class(hf_config)
+    dtype = config.resolve_dtype(text_config(hf_config), device)
+    linear_method = get_linear_method(config.quantization)
+    with torch.device(device):
+        model = model_cls(hf_config, linear_method=linear_method, dtype=dtype)
+    if config.load_format == "dummy":
+        initialize_dummy_weights(model, seed=config.seed)
+    elif resolved.format == "gguf":
+        model.load_weights(iter_gguf_weights(resolved.path))
+    else:
+        model.load_weights(iter_safetensors_weights(resolved.path))
+    model.eval()
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return LoadedModel(model, hf_config, resolved, device, dtype, weight_bytes,
+                       time.monotonic() - start, generation_defaults(resolved))

@@ -1,0 +1,159 @@
+"""Engine-core token outputs → RequestOutputs: detokenization, stop strings, logprobs, n > 1."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from autoglm_serve.engine.core import CoreOutput
+from autoglm_serve.engine.detokenizer import IncrementalDetokenizer
+from autoglm_serve.engine.input_processor import child_id
+from autoglm_serve.engine.request import Request
+from autoglm_serve.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+
+
+@dataclass
+class _Child:
+    index: int
+    detok: IncrementalDetokenizer | None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    sent_tokens: int = 0
+    sent_logprobs: int = 0
+
+
+@dataclass
+class RequestState:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    children: dict[str, _Child]
+    delta: bool                       # streaming: each output carries only what is new
+    metrics: RequestMetrics
+    num_cached_tokens: int = 0
+    core_requests: list[Request] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return all(c.finish_reason is not None for c in self.children.values())
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.states: dict[str, RequestState] = {}
+        self.child_to_parent: dict[str, str] = {}
+
+    def add(self, request_id: str, prompt: str | None, requests: list[Request],
+            delta: bool = False) -> RequestState:
+        params = requests[0].sampling_params
+        children = {}
+        for i, req in enumerate(requests):
+            detok = None
+            if self.tokenizer is not None:
+                detok = IncrementalDetokenizer(
+                    self.tokenizer, req.prompt_token_ids, params.skip_special_tokens,
+                    params.stop, params.include_stop_str_in_output)
+            children[req.request_id] = _Child(i, detok, logprobs=[] if params.logprobs is not None
+                                              else None,
+                                              cumulative_logprob=0.0 if params.logprobs is not None
+                                              else None)
+            self.child_to_parent[req.request_id] = request_id
+        state = RequestState(request_id, prompt, requests[0].prompt_token_ids, children, delta,
+                             RequestMetrics(arrival_time=requests[0].arrival_time),
+                             core_requests=requests)
+        self.states[request_id] = state
+        return state
+
+    def process(self, outputs: list[CoreOutput]) -> tuple[list[RequestOutput], list[str]]:
+        """Returns the outputs to hand out and the child request ids the core must abort
+        (their text hit a stop string)."""
+        now = time.monotonic()
+        touched: dict[str, RequestState] = {}
+        to_abort: list[str] = []
+        for out in outputs:
+            parent = self.child_to_parent.get(out.request_id)
+            if parent is None:
+                continue
+            state = self.states[parent]
+            child = state.children[out.request_id]
+            if child.finish_reason is not None:
+                continue
+            if state.metrics.first_token_time is None:
+                state.metrics.first_token_time = now
+                state.num_cached_tokens = max(r.num_cached_tokens for r in state.core_requests)
+                state.metrics.first_scheduled_time = min(
+                    (r.first_scheduled_time for r in state.core_requests
+                     if r.first_scheduled_time), default=None)
+            state.metrics.last_token_time = now
+            child.token_ids.extend(out.new_token_ids)
+            if out.logprobs is not None and child.logprobs is not None:
+                for tid, lp in zip(out.new_token_ids, out.logprobs):
+                    child.logprobs.append(self._logprob_entry(tid, lp))
+                    child.cumulative_logprob += lp.sampled_logprob
+            if child.detok is not None:
+                child.detok.add_tokens(out.new_token_ids)
+                if child.detok.stop_reason is not None and out.finish_reason is None:
+                    child.finish_reason, child.stop_reason = "stop", child.detok.stop_reason
+                    to_abort.append(out.request_id)
+                elif child.detok.stop_reason is not None:
+                    child.finish_reason, child.stop_reason = "stop", child.detok.stop_reason
+            if child.finish_reason is None and out.finish_reason is not None:
+                child.finish_reason, child.stop_reason = out.finish_reason, out.stop_reason
+            touched[parent] = state
+        results = [self._make_output(s) for s in touched.values()]
+        for s in touched.values():
+            if s.finished:
+                s.metrics.finished_time = now
+                self._forget(s)
+        return results, to_abort
+
+    def abort(self, request_id: str) -> list[str]:
+        """Marks a request aborted; returns its child ids for the core."""
+        state = self.states.get(request_id)
+        if state is None:
+            return []
+        for child in state.children.values():
+            if child.finish_reason is None:
+                child.finish_reason = "abort"
+        self._forget(state)
+        return list(state.children)
+
+    def _forget(self, state: RequestState) -> None:
+        self.states.pop(state.request_id, None)
+        for cid in state.children:
+            self.child_to_parent.pop(cid, None)
+
+    def _logprob_entry(self, token_id: int, lp) -> dict[int, Logprob]:
+        decode = (lambda t: self.tokenizer.decode([t])) if self.tokenizer is not None \
+            else (lambda t: None)
+        entry = {token_id: Logprob(lp.sampled_logprob, lp.sampled_rank, decode(token_id))}
+        for rank, (tid, value) in enumerate(lp.top, start=1):
+            if tid not in entry:
+                entry[tid] = Logprob(value, rank, decode(tid))
+        return entry
+
+    def _make_output(self, state: RequestState) -> RequestOutput:
+        completions = []
+        for child in state.children.values():
+            finished = child.finish_reason is not None
+            if state.delta:
+                text = child.detok.new_text(finished) if child.detok else ""
+                token_ids = child.token_ids[child.sent_tokens:]
+                logprobs = None if child.logprobs is None else child.logprobs[child.sent_logprobs:]
+                child.sent_tokens = len(child.token_ids)
+                child.sent_logprobs = len(child.logprobs or [])
+                if not (text or token_ids or finished):
+                    continue
+            else:
+                text = child.detok.text if child.detok else ""
+                token_ids = list(child.token_ids)
+                logprobs = child.logprobs
+            completions.append(CompletionOutput(child.index, text, token_ids, child.finish_reason,
+                                                child.stop_reason, logprobs,
+                                                child.cumulative_logprob))
+        return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids, completions,
+                             state.finished, state.metrics, state.num_cached_tokens,
+                             sum(r.num_preemptions for r in state.core_requests))

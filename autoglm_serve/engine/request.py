@@ -1,0 +1,82 @@
+"""A request's state inside the engine: tokens, progress, KV blocks."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from autoglm_serve.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
+                        RequestStatus.FINISHED_ABORTED)
+
+
+@dataclass
+class MultiModalItem:
+    """One image of a prompt, as the runner needs it."""
+    content_hash: str             # identifies the image for the prefix and encoder caches
+    offset: int                   # first placeholder token in the prompt
+    length: int                   # number of placeholder tokens
+    pixel_values: torch.Tensor    # [num_patches, C*T*P*P]
+    grid_thw: tuple[int, int, int]
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: frozenset[int]
+    max_tokens: int                      # resolved against max_model_len
+    arrival_time: float = field(default_factory=time.monotonic)
+    mm_items: list[MultiModalItem] = field(default_factory=list)
+    mrope_positions: torch.Tensor | None = None   # [3, prompt_len] for M-RoPE models
+    mrope_delta: int = 0
+    generator: torch.Generator | None = None
+
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    all_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)
+    num_registered_blocks: int = 0       # leading blocks already offered to the prefix cache
+    num_cached_tokens: int = -1          # prefix-cache hit at first scheduling (-1: not yet)
+    num_preemptions: int = 0
+    first_scheduled_time: float | None = None
+
+    def __post_init__(self):
+        self.all_token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def mm_hashes_in(self, start: int, end: int) -> tuple[str, ...]:
+        """Hashes of the images whose placeholders overlap tokens [start, end)."""
+        return tuple(m.content_hash for m in self.mm_items
+                     if m.offset < end and m.offset + m.length > start)

@@ -1,0 +1,149 @@
+"""Continuous batching with chunked prefill, prefix caching and preemption by recompute.
+
+Every step, each request is owed ``num_tokens - num_computed_tokens`` tokens (its prompt at
+first, one token per step once decoding; after a preemption, everything again). The scheduler
+hands out the step's token budget: running decodes first, then running prefills (chunked), then
+waiting requests in arrival order. When the KV cache is full, the most recently arrived running
+request is preempted: its blocks are freed and it goes back to the front of the queue to be
+recomputed later (the prefix cache usually makes that cheap).
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from autoglm_serve.engine.kv_cache import KVCacheManager
+from autoglm_serve.engine.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this step computes the request's last known token, so it yields logits."""
+        r = self.request
+        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    num_batched_tokens: int = 0
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 enable_chunked_prefill: bool = True):
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    # ---- queue ----------------------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, request: Request, status: RequestStatus) -> None:
+        """Ends a request wherever it is and frees its blocks (also used for aborts)."""
+        if request.status.finished:
+            return
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            try:
+                self.waiting.remove(request)
+            except ValueError:
+                pass
+        request.status = status
+        self.kv.free(request)
+
+    # ---- scheduling -----------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        chosen: set[str] = set()
+
+        # Running requests: decodes (one token owed) before prefill chunks.
+        for req in sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1):
+            if budget == 0:
+                break
+            if req.request_id in chosen or req.status != RequestStatus.RUNNING:
+                continue
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            while not self.kv.allocate(req, n):
+                victim = self._pick_victim(chosen)
+                self._preempt(victim, out)
+                if victim is req:
+                    break
+            else:
+                chosen.add(req.request_id)
+                out.scheduled.append(ScheduledRequest(req, n))
+                budget -= n
+
+        # Waiting requests, in order, while there is room (none after a preemption: the cache
+        # is already short).
+        while self.waiting and not out.preempted and budget > 0 \
+                and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            cached = self.kv.find_cached_prefix(req) if req.num_computed_tokens == 0 else []
+            computed = req.num_computed_tokens + len(cached) * self.kv.block_size
+            n = req.num_tokens - computed
+            if n > budget:
+                if not self.enable_chunked_prefill:
+                    break
+                n = budget
+            if not self.kv.allocate(req, n, cached):
+                break
+            self.waiting.popleft()
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = computed
+                self.kv.record_prefix_lookup(req.num_tokens, computed)
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = time.monotonic()
+            req.num_computed_tokens = computed
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            chosen.add(req.request_id)
+            out.scheduled.append(ScheduledRequest(req, n))
+            budget -= n
+
+        out.num_batched_tokens = self.max_num_batched_tokens - budget
+        return out
+
+    def _pick_victim(self, chosen: set[str]) -> Request:
+        """The latest-arrived running request not yet given tokens this step (or the last one)."""
+        for req in reversed(self.running):
+            if req.request_id not in chosen:
+                return req
+        return self.running[-1]
+
+    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        self.running.remove(req)
+        self.kv.free(req)
+        req.status = RequestStatus.WAITING
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        out.preempted.append(req)
+        self.waiting.appendleft(req)
+
+    def update_after_step(self, scheduled: list[ScheduledRequest]) -> None:
+        """Records the tokens just computed and offers their full blocks to the prefix cache."""
+        for s in scheduled:
+            s.request.num_computed_tokens += s.num_new_tokens
+            self.kv.cache_computed_blocks(s.request)

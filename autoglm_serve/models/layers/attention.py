@@ -1,0 +1,68 @@
+"""Paged attention: the metadata contract between the runner and attention backends.
+
+One engine step runs a flat, varlen batch: the tokens of every scheduled sequence are
+concatenated, sequences whose query is a single token (decodes) first, then prefill chunks.
+Each sequence attends to its whole context (cached tokens, read through its block table,
+plus the tokens of this step, causally).
+
+KV cache layout, one tensor per layer: ``[2, num_blocks, num_kv_heads, block_size, head_dim]``
+(index 0 = K, 1 = V). One (block, kv head) tile is contiguous, so a kernel loads it once for all
+the query heads that share it (GQA).
+
+Padding rows (CUDA-graph batches padded to a captured size) have ``slot_mapping == -1``
+(nothing written) and ``seq_lens == 0`` (output ignored).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class AttentionMetadata:
+    num_seqs: int
+    num_decodes: int            # the first num_decodes sequences have exactly one query token
+    num_tokens: int             # sum of query lengths (== leading dim of q)
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc: torch.Tensor   # int32 [num_seqs + 1], on device
+    seq_lens: torch.Tensor          # int32 [num_seqs]: context + this step's tokens, on device
+    block_tables: torch.Tensor      # int32 [num_seqs, max_blocks], on device
+    slot_mapping: torch.Tensor      # int64 [num_tokens]: block_id * block_size + offset, or -1
+    query_start_loc_cpu: torch.Tensor  # the same two on the host, for loops without syncs
+    seq_lens_cpu: torch.Tensor
+
+
+class AttentionBackend:
+    """Writes this step's K/V into the paged cache, then attends through the block tables."""
+
+    name = "base"
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """q: [T, H, D]; k, v: [T, Hkv, D]; kv_cache: [2, NB, Hkv, BS, D]. Returns [T, H, D]."""
+        raise NotImplementedError
+
+
+class Attention(nn.Module):
+    """The attention op of one decoder layer; its KV cache is bound by the runner."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.kv_cache: torch.Tensor | None = None
+        self.backend: AttentionBackend | None = None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        t = q.shape[0]
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        out = self.backend.forward(q, k, v, self.kv_cache, meta, self.scale)
+        return out.reshape(t, self.num_heads * self.head_dim)

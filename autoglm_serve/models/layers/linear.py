@@ -1,0 +1,155 @@
+"""Linear layers that know how their weights are sharded and loaded.
+
+Each parameter carries a ``weight_loader(param, loaded, shard_id=None)`` so checkpoints with
+separate q/k/v or gate/up tensors load into our fused parameters, and tensor parallelism only
+changes which slice a rank keeps. How the weight is stored and multiplied is a ``LinearMethod``:
+unquantized today; INT4 (W4A16) and FP8 methods plug in here.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from autoglm_serve.models.layers.parallel_state import tp_rank, tp_world_size
+
+
+class LinearMethod:
+    def create_weights(self, layer: nn.Module, in_features: int, out_features: int,
+                       dtype: torch.dtype | None) -> None:
+        raise NotImplementedError
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class UnquantizedLinearMethod(LinearMethod):
+    def create_weights(self, layer, in_features, out_features, dtype):
+        layer.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype),
+                                    requires_grad=False)
+
+    def apply(self, layer, x, bias):
+        return F.linear(x, layer.weight, bias)
+
+
+def get_linear_method(quantization: str | None) -> LinearMethod:
+    if quantization is None:
+        return UnquantizedLinearMethod()
+    raise ValueError(f"quantization={quantization!r} is not supported yet (supported: none)")
+
+
+def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
+    if param.shape != loaded.shape:
+        raise ValueError(f"shape mismatch: parameter {tuple(param.shape)}, "
+                         f"checkpoint {tuple(loaded.shape)}")
+    param.data.copy_(loaded)
+
+
+class LinearBase(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool,
+                 linear_method: LinearMethod | None, dtype: torch.dtype | None):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.linear_method = linear_method or UnquantizedLinearMethod()
+        self.linear_method.create_weights(self, in_features, out_features, dtype)
+        self.weight.weight_loader = self.weight_loader
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_method.apply(self, x, self.bias)
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        default_weight_loader(param, loaded)
+
+
+class ReplicatedLinear(LinearBase):
+    def __init__(self, in_features, out_features, bias=False, linear_method=None, dtype=None):
+        super().__init__(in_features, out_features, bias, linear_method, dtype)
+
+
+class ColumnParallelLinear(LinearBase):
+    """Output features split across ranks; each rank keeps its slice of rows."""
+
+    def __init__(self, in_features, out_features, bias=False, linear_method=None, dtype=None):
+        self.tp_size = tp_world_size()
+        assert out_features % self.tp_size == 0
+        super().__init__(in_features, out_features // self.tp_size, bias, linear_method, dtype)
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        size = param.shape[0]
+        default_weight_loader(param, loaded.narrow(0, tp_rank() * size, size))
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel outputs in one matmul (gate and up of a SiLU MLP)."""
+
+    def __init__(self, in_features, output_sizes: list[int], bias=False, linear_method=None,
+                 dtype=None):
+        self.output_sizes = output_sizes
+        super().__init__(in_features, sum(output_sizes), bias, linear_method, dtype)
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        tp = self.tp_size
+        if shard_id is None:  # checkpoint already fused (GLM-4's gate_up_proj): split it back
+            offset = 0
+            for i, size in enumerate(self.output_sizes):
+                self.weight_loader(param, loaded.narrow(0, offset, size), i)
+                offset += size
+            return
+        shard = self.output_sizes[shard_id] // tp
+        start = sum(self.output_sizes[:shard_id]) // tp
+        default_weight_loader(param.data.narrow(0, start, shard),
+                              loaded.narrow(0, tp_rank() * shard, shard))
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v projections in one matmul; KV heads are replicated when fewer than ranks."""
+
+    def __init__(self, hidden_size, head_dim, num_heads, num_kv_heads, bias=False,
+                 linear_method=None, dtype=None):
+        tp = tp_world_size()
+        self.head_dim = head_dim
+        self.num_heads = num_heads // tp
+        self.num_kv_heads = max(1, num_kv_heads // tp)
+        self.kv_replicas = max(1, tp // num_kv_heads)
+        out = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp
+        super().__init__(hidden_size, out, bias, linear_method, dtype)
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        q = self.num_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        if shard_id is None:
+            raise ValueError("QKVParallelLinear loads q, k and v separately (shard_id 'q'/'k'/'v')")
+        if shard_id == "q":
+            start, size, rank = 0, q, tp_rank()
+        else:
+            start = q if shard_id == "k" else q + kv
+            size, rank = kv, tp_rank() // self.kv_replicas
+        default_weight_loader(param.data.narrow(0, start, size), loaded.narrow(0, rank * size, size))
+
+
+class RowParallelLinear(LinearBase):
+    """Input features split across ranks; outputs are summed across ranks (all-reduce)."""
+
+    def __init__(self, in_features, out_features, bias=False, linear_method=None, dtype=None):
+        self.tp_size = tp_world_size()
+        assert in_features % self.tp_size == 0
+        super().__init__(in_features // self.tp_size, out_features, bias, linear_method, dtype)
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        if param.dim() == 1:  # bias: added once, after the reduction
+            default_weight_loader(param, loaded)
+            return
+        size = param.shape[1]
+        default_weight_loader(param, loaded.narrow(1, tp_rank() * size, size))
+
+    def forward(self, x):
+        out = self.linear_method.apply(self, x, self.bias if tp_rank() == 0 else None)
+        if self.tp_size > 1:
+            torch.distributed.all_reduce(out)
+        return out

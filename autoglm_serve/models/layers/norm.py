@@ -1,0 +1,25 @@
+"""RMSNorm with the residual add folded in (one pass over the activations when fused)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
+        self.eps = eps
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        # float32 statistics, then back to the input dtype before the weight (as transformers).
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """Without residual: norm(x). With it: (norm(x + residual), x + residual)."""
+        if residual is None:
+            return self._norm(x)
+        x = x + residual
+        return self._norm(x), x
