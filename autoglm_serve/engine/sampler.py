@@ -1,0 +1,299 @@
+"""Batched sampler: logits [B, V] -> one next token per row (+ logprobs), on the logits' device.
+
+Processing order (as vLLM): min_tokens mask, repetition penalty, frequency/presence penalties,
+(greedy argmax here), temperature, top-k, top-p, min-p, then an exponential race.
+
+The step path (`Sampler.__call__`) has no host syncs: every per-row choice is a tensor op over
+the whole batch. The Python-side decisions (does any row use top-p? how many logprobs?) are
+made once per step in `SamplingBatch.build`, from params that live on the host anyway.
+
+Logprobs are taken from log_softmax of the RAW logits, before penalties, temperature and
+masks. That is vLLM's default ("raw_logprobs"): clients see the model's distribution, which
+does not change with their sampling knobs, and masked tokens keep a finite logprob.
+"""
+from __future__ import annotations
+
+from array import array
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from itertools import chain
+
+import torch
+
+from autoglm_serve.sampling_params import SamplingParams
+
+# exponential_ may return exactly 0 (u == 0); p / 0 would be inf or NaN, and argmax favours NaN.
+_TINY = torch.finfo(torch.float32).tiny
+
+
+def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
+    """A per-request generator; it must live on the logits' device to draw there."""
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+@dataclass
+class SamplingRow:
+    params: SamplingParams
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    generator: torch.Generator | None = None   # set for seeded requests
+    eos_token_ids: Collection[int] = ()
+
+
+@dataclass
+class SamplingBatch:
+    """Per-step sampling state of a batch, as device tensors plus host-side flags."""
+    num_rows: int
+    vocab_size: int
+    temperature: torch.Tensor         # float32 [B]; 1.0 on greedy rows so the division is a no-op
+    top_p: torch.Tensor               # float32 [B]; 1.0 = off
+    min_p: torch.Tensor               # float32 [B]; 0.0 = off
+    repetition_penalty: torch.Tensor  # float32 [B]; 1.0 = off
+    frequency_penalty: torch.Tensor   # float32 [B]
+    presence_penalty: torch.Tensor    # float32 [B]
+    top_k: torch.Tensor               # int64 [B] in [1, V]; V = off
+    is_greedy: torch.Tensor           # bool [B]
+    all_greedy: bool
+    any_greedy: bool
+    any_top_k: bool
+    all_top_k: bool                   # every random row has top-k: top-p needs no full sort
+    any_top_p: bool
+    any_min_p: bool
+    any_repetition_penalty: bool
+    any_frequency_presence: bool
+    max_top_k: int                    # largest k of the rows using top-k (topk size)
+    prompt_mask: torch.Tensor | None    # bool [B, V]: token in the prompt (repetition penalty)
+    output_counts: torch.Tensor | None  # float32 [B, V]: occurrences in the output so far
+    min_tokens_banned: torch.Tensor | None  # int64 [N]: row * V + token, banned by min_tokens
+    generators: dict[int, torch.Generator] = field(default_factory=dict)  # row -> own RNG
+    num_logprobs: list[int | None] = field(default_factory=list)  # per row, as requested
+    max_num_logprobs: int | None = None   # None = no row wants logprobs
+
+    @property
+    def any_penalties(self) -> bool:
+        return self.any_repetition_penalty or self.any_frequency_presence
+
+    @classmethod
+    def build(cls, rows: Sequence[SamplingRow], vocab_size: int,
+              device: torch.device | str) -> SamplingBatch:
+        device = torch.device(device)
+        V = vocab_size
+        params = [r.params for r in rows]
+        greedy = [p.greedy for p in params]
+        random_params = [p for p, g in zip(params, greedy) if not g]
+        # k >= V keeps everything; clamping lets "off" be V and keeps gather indices in range.
+        top_k = [min(p.top_k, V) if p.top_k > 0 and not g else V for p, g in zip(params, greedy)]
+        k_in_use = [k for k in top_k if k < V]
+        rep_rows = [p.repetition_penalty != 1.0 for p in params]
+        fp_rows = [p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 for p in params]
+
+        # One host->device copy for all the float columns.
+        floats = torch.tensor([
+            [1.0 if g else p.temperature for p, g in zip(params, greedy)],
+            [p.top_p for p in params],
+            [p.min_p for p in params],
+            [p.repetition_penalty for p in params],
+            [p.frequency_penalty for p in params],
+            [p.presence_penalty for p in params],
+        ], dtype=torch.float32).reshape(6, len(rows)).to(device)
+
+        any_rep, any_fp = any(rep_rows), any(fp_rows)
+        prompt_mask = output_counts = None
+        if any_rep:
+            prompt_mask = _token_counts(
+                [r.prompt_token_ids if u else () for r, u in zip(rows, rep_rows)], V, device) > 0
+        if any_rep or any_fp:
+            output_counts = _token_counts(
+                [r.output_token_ids if u or v else () for r, u, v in zip(rows, rep_rows, fp_rows)],
+                V, device)
+
+        banned: list[int] = []
+        for i, r in enumerate(rows):
+            if len(r.output_token_ids) < r.params.min_tokens:
+                ids = {t for t in chain(r.eos_token_ids, r.params.stop_token_ids) if 0 <= t < V}
+                banned += [i * V + t for t in sorted(ids)]
+
+        generators: dict[int, torch.Generator] = {}
+        for i, (r, g) in enumerate(zip(rows, greedy)):
+            if r.generator is not None and not g:
+                if r.generator.device.type != device.type:
+                    raise ValueError(f"row {i}: generator on {r.generator.device}, logits on {device}")
+                generators[i] = r.generator
+
+        num_logprobs = [p.logprobs for p in params]
+        asked = [n for n in num_logprobs if n is not None]
+        return cls(
+            num_rows=len(rows), vocab_size=V,
+            temperature=floats[0], top_p=floats[1], min_p=floats[2],
+            repetition_penalty=floats[3], frequency_penalty=floats[4], presence_penalty=floats[5],
+            top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
+            is_greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+            all_greedy=all(greedy), any_greedy=any(greedy),
+            any_top_k=bool(k_in_use),
+            all_top_k=bool(random_params) and len(k_in_use) == len(random_params),
+            any_top_p=any(p.top_p < 1.0 for p in random_params),
+            any_min_p=any(p.min_p > 0.0 for p in random_params),
+            any_repetition_penalty=any_rep, any_frequency_presence=any_fp,
+            max_top_k=max(k_in_use, default=V),
+            prompt_mask=prompt_mask, output_counts=output_counts,
+            min_tokens_banned=(torch.tensor(banned, dtype=torch.int64, device=device)
+                               if banned else None),
+            generators=generators, num_logprobs=num_logprobs,
+            max_num_logprobs=max(asked) if asked else None,
+        )
+
+
+def _token_counts(token_lists: Sequence[Sequence[int]], V: int,
+                  device: torch.device) -> torch.Tensor:
+    """[B, V] float32 occurrence counts, from one flat copy and one scatter-add."""
+    lengths = torch.tensor([len(t) for t in token_lists], dtype=torch.int64)
+    # array('q', list) per row + one join is ~4x faster than torch.tensor on a flat Python list
+    # (4k-token prompts x 256 rows is 1M ids per step).
+    raw = bytearray(b"".join(array("q", t).tobytes() for t in token_lists))
+    flat = torch.frombuffer(raw, dtype=torch.int64) if raw else torch.empty(0, dtype=torch.int64)
+    row = torch.repeat_interleave(torch.arange(len(token_lists)), lengths)
+    keep = (flat >= 0) & (flat < V)  # host-side filter: ids outside the vocab cannot be penalized
+    index = (row[keep] * V + flat[keep]).to(device)
+    counts = torch.zeros(len(token_lists) * V, dtype=torch.float32, device=device)
+    counts.scatter_add_(0, index, torch.ones(index.shape, dtype=torch.float32, device=device))
+    return counts.view(len(token_lists), V)
+
+
+@dataclass
+class LogprobsTensors:
+    sampled_logprobs: torch.Tensor  # float32 [B]: logprob of the sampled token
+    sampled_ranks: torch.Tensor     # int64 [B]: 1 + number of tokens strictly more likely
+    top_token_ids: torch.Tensor     # int64 [B, K], K = max_num_logprobs, most likely first
+    top_logprobs: torch.Tensor      # float32 [B, K]; row i uses its first num_logprobs[i]
+
+
+@dataclass
+class SamplerOutput:
+    sampled_token_ids: torch.Tensor  # int64 [B]
+    logprobs: LogprobsTensors | None
+
+
+def apply_min_tokens(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    # index_fill_ takes a Python scalar; index_put_ would need a value tensor copied from the host.
+    if batch.min_tokens_banned is not None:
+        logits.view(-1).index_fill_(0, batch.min_tokens_banned, float("-inf"))
+    return logits
+
+
+def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    if batch.output_counts is None:
+        return logits
+    counts = batch.output_counts
+    occurred = counts > 0
+    if batch.any_repetition_penalty:
+        # HF/vLLM: dividing a positive logit and multiplying a negative one both push it down.
+        rep = batch.repetition_penalty[:, None]
+        seen = occurred | batch.prompt_mask
+        penalized = torch.where(logits > 0, logits / rep, logits * rep)
+        logits = torch.where(seen, penalized, logits)
+    if batch.any_frequency_presence:
+        logits = logits - batch.frequency_penalty[:, None] * counts
+        logits = logits - batch.presence_penalty[:, None] * occurred
+    return logits
+
+
+def apply_top_k_top_p(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Masks by per-row value cutoffs, so tokens tied with the last kept one are all kept."""
+    V = logits.shape[-1]
+    neg_inf = float("-inf")
+    if not batch.any_top_p:
+        # top-k alone: a topk of the largest k asked is much cheaper than sorting the vocabulary.
+        values = logits.topk(batch.max_top_k, dim=-1).values  # descending
+        index = (batch.top_k.clamp(max=batch.max_top_k) - 1)[:, None]
+        cutoff = values.gather(1, index)
+        cutoff.masked_fill_(batch.top_k[:, None] > batch.max_top_k, neg_inf)  # rows with top-k off
+        return logits.masked_fill_(logits < cutoff, neg_inf)
+
+    if batch.all_top_k:
+        return _top_k_then_top_p_on_topk(logits, batch)
+
+    ascending = logits.sort(dim=-1).values
+    cutoff = torch.full((logits.shape[0], 1), neg_inf, device=logits.device)
+    if batch.any_top_k:
+        cutoff = ascending.gather(1, (V - batch.top_k)[:, None])
+        ascending = ascending.masked_fill(ascending < cutoff, neg_inf)
+    # Ascending cumulative mass: a token is dropped when it and every smaller one together
+    # hold <= 1 - top_p, i.e. the larger tokens alone already reach top_p.
+    cum = ascending.softmax(dim=-1).cumsum(dim=-1)
+    dropped = (cum <= (1 - batch.top_p)[:, None]).sum(dim=-1)
+    dropped = dropped.clamp_(max=V - 1)                    # keep at least the most likely token
+    dropped = dropped.masked_fill_(batch.top_p >= 1.0, 0)  # top_p 1 keeps all, despite rounding
+    cutoff = torch.maximum(cutoff, ascending.gather(1, dropped[:, None]))
+    return logits.masked_fill_(logits < cutoff, neg_inf)
+
+
+def _top_k_then_top_p_on_topk(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Top-p over the k largest values only: a topk instead of a full-vocabulary sort.
+
+    Same rule as the sort path, from the top: keep a token while the mass before it is < top_p.
+    One difference: tokens tied with the k-th value beyond k count in the kept set but not
+    in the top-p mass; the sort path counts them in both.
+    """
+    K = batch.max_top_k
+    values = logits.topk(K, dim=-1).values                       # descending [B, K]
+    k = batch.top_k.clamp(max=K)[:, None]
+    in_k = torch.arange(K, device=logits.device)[None, :] < k
+    probs = values.masked_fill(~in_k, float("-inf")).softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    kept = ((mass_before < batch.top_p[:, None]) & in_k).sum(dim=-1, keepdim=True).clamp_(min=1)
+    kept = torch.where(batch.top_p[:, None] >= 1.0, k, kept)   # top_p 1 keeps all k
+    cutoff = values.gather(1, kept - 1)   # kept <= k, so this also applies top-k
+    return logits.masked_fill_(logits < cutoff, float("-inf"))
+
+
+def apply_min_p(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    # p < min_p * p_max  <=>  logit < logit_max + log(min_p): no softmax needed; log(0) = -inf.
+    cutoff = logits.amax(dim=-1, keepdim=True) + batch.min_p.log()[:, None]
+    return logits.masked_fill_(logits < cutoff, float("-inf"))
+
+
+def compute_logprobs(raw_logits: torch.Tensor, sampled: torch.Tensor,
+                     num_top: int) -> LogprobsTensors:
+    logprobs = raw_logits.float().log_softmax(dim=-1)
+    sampled_lp = logprobs.gather(1, sampled[:, None])
+    ranks = (logprobs > sampled_lp).sum(dim=-1) + 1
+    top_lp, top_ids = logprobs.topk(num_top, dim=-1)
+    return LogprobsTensors(sampled_logprobs=sampled_lp.squeeze(1), sampled_ranks=ranks,
+                           top_token_ids=top_ids, top_logprobs=top_lp)
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        # Work on a float32 copy: the raw logits stay intact for logprobs and for the caller.
+        x = logits.to(torch.float32, copy=True)
+        x = apply_min_tokens(x, batch)
+        x = apply_penalties(x, batch)
+        greedy = x.argmax(dim=-1) if batch.any_greedy else None
+        if batch.all_greedy:
+            tokens = greedy
+        else:
+            tokens = self._sample_random(x, batch)
+            if greedy is not None:
+                tokens = torch.where(batch.is_greedy, greedy, tokens)
+        logprobs = None
+        if batch.max_num_logprobs is not None:
+            logprobs = compute_logprobs(logits, tokens, batch.max_num_logprobs)
+        return SamplerOutput(sampled_token_ids=tokens, logprobs=logprobs)
+
+    @staticmethod
+    def _sample_random(x: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        x = x.div_(batch.temperature[:, None])
+        if batch.any_top_k or batch.any_top_p:
+            x = apply_top_k_top_p(x, batch)
+        if batch.any_min_p:
+            x = apply_min_p(x, batch)
+        probs = x.softmax(dim=-1)
+        # Exponential race: argmax(p / q) with q ~ Exp(1) is a draw from p, without a cumsum or
+        # a host sync. A seeded row draws its whole q row from its own generator, so its tokens
+        # do not depend on which other rows share the batch or where it sits.
+        q = torch.empty_like(probs)
+        if len(batch.generators) < batch.num_rows:
+            q.exponential_()
+        for row, gen in batch.generators.items():
+            q[row].exponential_(generator=gen)
+        return probs.div_(q.clamp_min_(_TINY)).argmax(dim=-1)
