@@ -1,0 +1,387 @@
+"""Triton kernels for attention over the paged KV cache.
+
+Cache layout (see models/layers/attention.py):
+``[2, num_blocks, num_kv_heads, block_size, head_dim]``. Three kernels:
+
+- ``write_kv_cache``: scatters this step's K/V rows into their slots (slot -1 = padding, skipped).
+- ``decode_attention``: one query token per sequence. A program owns one (sequence, KV head,
+  context partition) and puts the whole GQA group of query heads in the M dim of ``tl.dot``, so each
+  K/V tile is read from HBM once for all heads sharing it. Long contexts are split into partitions
+  (split-K) whose partial results a second kernel merges by log-sum-exp.
+- ``prefill_attention``: varlen causal attention of each sequence's new queries against its whole
+  context (cached prefix + new tokens, all read through the block table after the write), which
+  is what chunked prefill and prefix caching need. Rows of a program are (token, head of the GQA
+  group) pairs, again so one K/V tile feeds every head of the group.
+
+Softmax runs in the log2 domain (``exp2`` with the scale pre-multiplied by log2(e)): exp2 is the
+native instruction. Accumulation is fp32 whatever the input dtype.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+# Decode tiles: 64 tokens x head_dim per K/V load; a partition covers at least MIN_CHUNK tokens so
+# that the split-K partial results (fp32, one row per head) stay small next to the KV they replace.
+DECODE_TILE_N = 64
+DECODE_MIN_CHUNK = 256
+# Prefill tiles: 128 rows of (token, head) pairs against 64 keys, the usual FlashAttention-2 shape
+# for head_dim 128 that keeps the fp32 accumulator in registers with 8 warps.
+PREFILL_BLOCK_M = 128
+PREFILL_BLOCK_N = 64
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def _num_stages(kv_tile_bytes: int, resident_bytes: int = 0) -> int:
+    """Pipeline depth: as many K+V tiles in flight as fit in ~160 KB of the SM's shared memory
+    (228 KB on Hopper, less elsewhere) next to what stays resident (the Q tile), at most 3."""
+    return max(1, min(3, (160 * 1024 - resident_bytes) // (2 * kv_tile_bytes)))
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # fp32 callers want fp32 accuracy (tests compare at 1e-4): no tf32 truncation in the dots.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+# ----------------------------------------------------------------------------------------------
+# KV cache write
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _write_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr,
+                     stride_kt, stride_kh, stride_vt, stride_vh,
+                     stride_c_kv, stride_c_block, stride_c_head, stride_c_tok,
+                     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    # One program per token: all its KV heads at once (2 x 128 values for the 9B model).
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot < 0:
+        return
+    block = slot // BLOCK_SIZE
+    offset = slot % BLOCK_SIZE
+    h = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    mask = (h[:, None] < NUM_KV_HEADS) & (d[None, :] < HEAD_DIM)
+    dst = cache_ptr + block * stride_c_block + h[:, None] * stride_c_head + offset * stride_c_tok \
+        + d[None, :]
+    src_t = t.to(tl.int64)
+    k = tl.load(k_ptr + src_t * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask)
+    v = tl.load(v_ptr + src_t * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
+    tl.store(dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst + stride_c_kv, v.to(cache_ptr.dtype.element_ty), mask=mask)
+
+
+def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                   slot_mapping: torch.Tensor) -> None:
+    """k, v: [T, Hkv, D] (last dim contiguous); writes row t to slot slot_mapping[t] unless -1."""
+    num_tokens, num_kv_heads, head_dim = k.shape
+    if num_tokens == 0:
+        return
+    assert k.stride(-1) == 1 and v.stride(-1) == 1 and kv_cache.stride(-1) == 1
+    _write_kv_kernel[(num_tokens,)](
+        k, v, kv_cache, slot_mapping,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=kv_cache.shape[3],
+        BLOCK_H=_next_pow2(num_kv_heads), BLOCK_D=_next_pow2(head_dim), num_warps=1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared inner loop: online softmax over a range of context tokens read through a block table
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _attend_range(acc, l_i, m_i, q, k_base, v_base, table_row, q_pos, lo, hi, scale_log2,
+                  stride_c_block, stride_c_tok,
+                  CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    """Fold context tokens [lo, hi) into the running (acc, l_i, m_i) of the rows of q.
+
+    Token n lives in page table_row[n // BLOCK_SIZE] at offset n % BLOCK_SIZE; looking the page
+    up per token lets a tile span several small pages (block size 16) or part of a large one.
+    Tokens >= hi are masked out of the loads, not just the scores: unused cache slots may hold
+    anything (NaN included) and 0 * NaN would leak into acc.
+    """
+    d = tl.arange(0, BLOCK_D)
+    for start in range(lo, hi, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        n_mask = n < hi
+        page = tl.load(table_row + n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        tok = page * stride_c_block + (n % BLOCK_SIZE) * stride_c_tok
+        if BLOCK_D == HEAD_DIM:
+            kv_mask = n_mask[:, None]
+        else:
+            kv_mask = n_mask[:, None] & (d[None, :] < HEAD_DIM)
+        k = tl.load(k_base + tok[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+        if CAUSAL:
+            s = tl.where((n[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
+        else:
+            s = tl.where(n_mask[None, :], s, float("-inf"))
+        # Every row has seen at least one visible key before (or in) its first tile, so m_new is
+        # finite and exp2(-inf - m_new) = 0 handles the masked entries.
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + tok[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+# ----------------------------------------------------------------------------------------------
+# Decode: split-K over context partitions
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _partitioning(seq_len, NUM_PARTS: tl.constexpr, MIN_CHUNK: tl.constexpr,
+                  TILE_N: tl.constexpr):
+    """How a context of seq_len tokens splits: (partitions used, tokens per partition).
+
+    Computed on the device from seq_len alone, so the grid (NUM_PARTS programs per sequence and
+    head) is static for CUDA graphs while short contexts still use few partitions; the chunk is a
+    multiple of TILE_N so no tile straddles two partitions."""
+    wanted = tl.minimum(tl.cdiv(seq_len, MIN_CHUNK), NUM_PARTS)
+    chunk = tl.cdiv(tl.cdiv(seq_len, wanted), TILE_N) * TILE_N
+    return tl.cdiv(seq_len, chunk), chunk
+
+
+@triton.jit
+def _decode_kernel(out_ptr, part_out_ptr, part_lse_ptr, q_ptr, cache_ptr, block_tables_ptr,
+                   seq_lens_ptr, scale_log2,
+                   stride_qt, stride_qh, stride_ot, stride_oh,
+                   stride_c_kv, stride_c_block, stride_c_head, stride_c_tok, stride_bt,
+                   stride_ps, stride_ph, stride_pp,
+                   GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
+                   NUM_PARTS: tl.constexpr, MIN_CHUNK: tl.constexpr, PRECISION: tl.constexpr):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    part = tl.program_id(2)
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    heads = kv_head * GROUP + g
+    io_mask = (g[:, None] < GROUP) & (d[None, :] < HEAD_DIM)
+    out_ptrs = out_ptr + seq.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + d[None, :]
+
+    seq_len = tl.load(seq_lens_ptr + seq)
+    if seq_len <= 0:
+        # Padding row of a CUDA-graph batch: defined output (zeros), no KV read.
+        if part == 0:
+            tl.store(out_ptrs, tl.zeros([BLOCK_G, BLOCK_D], out_ptr.dtype.element_ty), mask=io_mask)
+        return
+    num_parts, chunk = _partitioning(seq_len, NUM_PARTS, MIN_CHUNK, TILE_N)
+    lo = part * chunk
+    if lo >= seq_len:
+        return  # this sequence is too short for this many partitions
+    hi = tl.minimum(lo + chunk, seq_len)
+
+    q = tl.load(q_ptr + seq.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
+                mask=io_mask, other=0.0)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    k_base = cache_ptr + kv_head * stride_c_head
+    acc, l_i, m_i = _attend_range(acc, l_i, m_i, q, k_base, k_base + stride_c_kv,
+                                  block_tables_ptr + seq.to(tl.int64) * stride_bt, m_i, lo, hi,
+                                  scale_log2, stride_c_block, stride_c_tok,
+                                  False, TILE_N, BLOCK_SIZE, HEAD_DIM, BLOCK_D, PRECISION)
+    o = acc / l_i[:, None]
+    if NUM_PARTS == 1:
+        tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=io_mask)
+    else:
+        if num_parts == 1:
+            tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=io_mask)
+        else:
+            # Partial result normalised by its own sum, plus its log2-sum-exp2 for the merge.
+            part_row = seq.to(tl.int64) * stride_ps + heads * stride_ph + part * stride_pp
+            tl.store(part_out_ptr + part_row[:, None] * HEAD_DIM + d[None, :], o, mask=io_mask)
+            tl.store(part_lse_ptr + part_row, m_i + tl.log2(l_i), mask=g < GROUP)
+
+
+@triton.jit
+def _decode_reduce_kernel(out_ptr, part_out_ptr, part_lse_ptr, seq_lens_ptr,
+                          stride_ot, stride_oh, stride_ps, stride_ph, stride_pp,
+                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, TILE_N: tl.constexpr,
+                          NUM_PARTS: tl.constexpr, MIN_CHUNK: tl.constexpr):
+    # out = sum_p exp2(lse_p - lse) * out_p with lse = log2 sum_p exp2(lse_p): the exact softmax
+    # over the union of the partitions.
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    if seq_len <= 0:
+        return
+    num_parts, chunk = _partitioning(seq_len, NUM_PARTS, MIN_CHUNK, TILE_N)
+    if num_parts == 1:
+        return  # the decode kernel wrote the output directly
+    p = tl.arange(0, NUM_PARTS)
+    d = tl.arange(0, BLOCK_D)
+    p_mask = p < num_parts
+    row = seq.to(tl.int64) * stride_ps + head * stride_ph + p * stride_pp
+    lse = tl.load(part_lse_ptr + row, mask=p_mask, other=float("-inf"))
+    w = tl.exp2(lse - tl.max(lse, 0))
+    w = w / tl.sum(w, 0)
+    parts = tl.load(part_out_ptr + row[:, None] * HEAD_DIM + d[None, :],
+                    mask=p_mask[:, None] & (d[None, :] < HEAD_DIM), other=0.0)
+    o = tl.sum(parts * w[:, None], 0)
+    tl.store(out_ptr + seq.to(tl.int64) * stride_ot + head * stride_oh + d,
+             o.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+def decode_attention(out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor,
+                     block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                     num_partitions: int) -> None:
+    """One query token per sequence. out, q: [N, H, D]; block_tables [N, max_blocks] int32;
+    seq_lens [N] int32 (0 = padding row, output zeros). num_partitions (a power of two) fixes the
+    grid; each sequence uses as many of them as its length warrants, so the launch is the same
+    for every step of a CUDA graph."""
+    num_seqs, num_heads, head_dim = q.shape
+    num_kv_heads, block_size = kv_cache.shape[2], kv_cache.shape[3]
+    if num_seqs == 0:
+        return
+    assert num_partitions == _next_pow2(num_partitions)
+    group = num_heads // num_kv_heads
+    block_d = _next_pow2(head_dim)
+    if num_partitions > 1:
+        part_out = torch.empty((num_seqs, num_heads, num_partitions, head_dim),
+                               dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((num_seqs, num_heads, num_partitions), dtype=torch.float32,
+                               device=q.device)
+    else:
+        part_out = part_lse = torch.empty(0, dtype=torch.float32, device=q.device)
+    # Partial-result strides, shared by both kernels ([N, H, P] rows of HEAD_DIM values).
+    stride_ps, stride_ph, stride_pp = num_heads * num_partitions, num_partitions, 1
+    stages = _num_stages(DECODE_TILE_N * block_d * kv_cache.element_size())
+    _decode_kernel[(num_seqs, num_kv_heads, num_partitions)](
+        out, part_out, part_lse, q, kv_cache, block_tables, seq_lens, scale * LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+        block_tables.stride(0), stride_ps, stride_ph, stride_pp,
+        GROUP=group, BLOCK_G=max(16, _next_pow2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
+        BLOCK_SIZE=block_size, TILE_N=DECODE_TILE_N, NUM_PARTS=num_partitions,
+        MIN_CHUNK=DECODE_MIN_CHUNK, PRECISION=_dot_precision(q.dtype),
+        num_warps=4, num_stages=stages)
+    if num_partitions > 1:
+        _decode_reduce_kernel[(num_seqs, num_heads)](
+            out, part_out, part_lse, seq_lens, out.stride(0), out.stride(1),
+            stride_ps, stride_ph, stride_pp,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, TILE_N=DECODE_TILE_N, NUM_PARTS=num_partitions,
+            MIN_CHUNK=DECODE_MIN_CHUNK, num_warps=4)
+
+
+def decode_partitions(num_seqs: int, num_kv_heads: int, num_sms: int,
+                      max_partitions: int = 64) -> int:
+    """Split-K width from the batch shape alone: enough (sequence, KV head, partition) programs
+    for ~4 per SM. It deliberately ignores the context lengths, so an eager warm-up compiles the
+    very kernels that a CUDA graph captures and replays for any later lengths; partitions a
+    short context does not need exit at once (see _partitioning)."""
+    want = math.ceil(4 * num_sms / max(1, num_seqs * num_kv_heads))
+    return max(1, min(_next_pow2(want), max_partitions))
+
+
+# ----------------------------------------------------------------------------------------------
+# Prefill: varlen causal attention through the block table
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _prefill_kernel(out_ptr, q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr,
+                    query_start_loc_ptr, scale_log2, seq_offset, num_q_tiles,
+                    stride_qt, stride_qh, stride_ot, stride_oh,
+                    stride_c_kv, stride_c_block, stride_c_head, stride_c_tok, stride_bt,
+                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_Q: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    # Late query tiles see the most keys: launch them first so the short ones fill the tail.
+    q_tile = num_q_tiles - 1 - tl.program_id(0)
+    seq = seq_offset + tl.program_id(1)
+    kv_head = tl.program_id(2)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    first = q_tile * BLOCK_Q
+    if first >= q_len:
+        return
+
+    # Row r of the tile is token first + r // BLOCK_G, head kv_head * GROUP + r % BLOCK_G.
+    r = tl.arange(0, BLOCK_Q * BLOCK_G)
+    tok = first + r // BLOCK_G
+    g = r % BLOCK_G
+    d = tl.arange(0, BLOCK_D)
+    row_mask = (tok < q_len) & (g < GROUP)
+    io_mask = row_mask[:, None] & (d[None, :] < HEAD_DIM)
+    rows = (q_start + tok).to(tl.int64)
+    heads = kv_head * GROUP + g
+    out_ptrs = out_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
+
+    seq_len = tl.load(seq_lens_ptr + seq)
+    if seq_len <= 0:
+        tl.store(out_ptrs, tl.zeros([BLOCK_Q * BLOCK_G, BLOCK_D], out_ptr.dtype.element_ty),
+                 mask=io_mask)
+        return
+    # Query i of the sequence sits at absolute position seq_len - q_len + i.
+    context = seq_len - q_len
+    q_pos = context + tok
+    first_pos = context + first
+    last_pos = context + tl.minimum(first + BLOCK_Q, q_len) - 1
+
+    q = tl.load(q_ptr + rows[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
+                mask=io_mask, other=0.0)
+    acc = tl.zeros([BLOCK_Q * BLOCK_G, BLOCK_D], tl.float32)
+    l_i = tl.zeros([BLOCK_Q * BLOCK_G], tl.float32)
+    m_i = tl.full([BLOCK_Q * BLOCK_G], float("-inf"), tl.float32)
+    k_base = cache_ptr + kv_head * stride_c_head
+    table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    # Keys up to first_pos are visible to every row: whole tiles of them skip the causal mask;
+    # only the tiles around the diagonal pay for it.
+    full_end = (first_pos + 1) // BLOCK_N * BLOCK_N
+    acc, l_i, m_i = _attend_range(acc, l_i, m_i, q, k_base, k_base + stride_c_kv, table_row,
+                                  q_pos, 0, full_end, scale_log2, stride_c_block, stride_c_tok,
+                                  False, BLOCK_N, BLOCK_SIZE, HEAD_DIM, BLOCK_D, PRECISION)
+    acc, l_i, m_i = _attend_range(acc, l_i, m_i, q, k_base, k_base + stride_c_kv, table_row,
+                                  q_pos, full_end, last_pos + 1, scale_log2, stride_c_block,
+                                  stride_c_tok,
+                                  True, BLOCK_N, BLOCK_SIZE, HEAD_DIM, BLOCK_D, PRECISION)
+    o = acc / l_i[:, None]
+    tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+def prefill_attention(out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor,
+                      block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                      query_start_loc: torch.Tensor, scale: float, seq_offset: int,
+                      num_seqs: int, max_query_len: int) -> None:
+    """Causal attention for sequences seq_offset .. seq_offset + num_seqs - 1 of the batch, whose
+    K/V (prefix and new tokens) are already in the cache. out, q: [T, H, D], rows addressed by
+    query_start_loc. The grid is sized by the host int max_query_len; tiles beyond a sequence's
+    own query length exit at once."""
+    if num_seqs == 0 or max_query_len == 0:
+        return
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads, block_size = kv_cache.shape[2], kv_cache.shape[3]
+    group = num_heads // num_kv_heads
+    block_g = _next_pow2(group)
+    block_d = _next_pow2(head_dim)
+    # Above head_dim 128 the fp32 accumulator of 128 rows would spill: halve the rows.
+    block_m = PREFILL_BLOCK_M if block_d <= 128 else PREFILL_BLOCK_M // 2
+    block_q = max(1, block_m // block_g)
+    num_q_tiles = triton.cdiv(max_query_len, block_q)
+    # fp32 tiles are twice the bytes: halve the key tile to stay within shared memory.
+    block_n = PREFILL_BLOCK_N // 2 if q.dtype == torch.float32 else PREFILL_BLOCK_N
+    stages = _num_stages(block_n * block_d * kv_cache.element_size(),
+                         resident_bytes=block_q * block_g * block_d * q.element_size())
+    _prefill_kernel[(num_q_tiles, num_seqs, num_kv_heads)](
+        out, q, kv_cache, block_tables, seq_lens, query_start_loc, scale * LOG2E, seq_offset,
+        num_q_tiles, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+        block_tables.stride(0),
+        GROUP=group, BLOCK_G=block_g, BLOCK_Q=block_q, HEAD_DIM=head_dim,
+        BLOCK_D=block_d, BLOCK_SIZE=block_size, BLOCK_N=block_n,
+        PRECISION=_dot_precision(q.dtype), num_warps=8, num_stages=stages)

@@ -1,0 +1,56 @@
+"""The Triton attention backend: the GPU fast path over the paged KV cache.
+
+One forward = three launches at most: KV write, decode attention (+ its split-K merge) over the
+first ``num_decodes`` sequences, prefill attention over the rest. Nothing reads a device tensor
+on the host, and the decode launches depend only on the batch shape (never on context lengths,
+the split-K grid included), so pure-decode steps can be captured once and replayed.
+"""
+from __future__ import annotations
+
+import torch
+
+from autoglm_serve.kernels.paged_attention import (decode_attention, decode_partitions,
+                                                   prefill_attention, write_kv_cache)
+from autoglm_serve.models.layers.attention import AttentionBackend, AttentionMetadata
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the Triton interpreter on CPU: keep the split-K grid small but above one
+
+
+class TritonAttentionBackend(AttentionBackend):
+    name = "triton"
+
+    def __init__(self, max_decode_partitions: int = 64):
+        # Upper bound of the split-K grid (a power of two): contexts up to
+        # max_decode_partitions * DECODE_MIN_CHUNK tokens spread over all of it.
+        assert max_decode_partitions & (max_decode_partitions - 1) == 0
+        self.max_decode_partitions = max_decode_partitions
+        self._num_sms: dict[torch.device, int] = {}
+
+    def decode_partitions(self, num_decodes: int, num_kv_heads: int, device: torch.device) -> int:
+        if device not in self._num_sms:
+            self._num_sms[device] = _num_sms(device)
+        return decode_partitions(num_decodes, num_kv_heads, self._num_sms[device],
+                                 self.max_decode_partitions)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata, scale: float,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+        """As AttentionBackend.forward; ``out`` ([T, H, D]) lets a caller (a CUDA graph, a test
+        that poisons it) own the output buffer."""
+        write_kv_cache(k, v, kv_cache, meta.slot_mapping)
+        if out is None:
+            out = torch.empty_like(q)
+        nd = meta.num_decodes
+        if nd > 0:
+            parts = self.decode_partitions(nd, kv_cache.shape[2], q.device)
+            decode_attention(out[:nd], q[:nd], kv_cache, meta.block_tables[:nd],
+                             meta.seq_lens[:nd], scale, parts)
+        if meta.num_seqs > nd:
+            prefill_attention(out, q, kv_cache, meta.block_tables, meta.seq_lens,
+                              meta.query_start_loc, scale, seq_offset=nd,
+                              num_seqs=meta.num_seqs - nd, max_query_len=meta.max_query_len)
+        return out

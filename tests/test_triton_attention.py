@@ -1,0 +1,188 @@
+"""TritonAttentionBackend against TorchAttentionBackend on CUDA, at the model's real shapes
+(32 query heads, 2 KV heads, head_dim 128) and around them: block sizes, GQA ratios, head dims,
+dtypes, contexts from 1 to 32k tokens, mixed batches, padding rows and CUDA-graph replay.
+Lengths are drawn fresh each run; a failure prints them. The CPU subset of these checks runs under
+the Triton interpreter in test_triton_attention_interpreter.py."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+pytest.importorskip("triton")
+
+from autoglm_serve.models.layers.attention import AttentionMetadata  # noqa: E402
+from autoglm_serve.models.layers.torch_attention import (  # noqa: E402
+    TorchAttentionBackend, gather_kv, write_kv_cache)
+from autoglm_serve.models.layers.triton_attention import TritonAttentionBackend  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from paged_attention_cases import TOLERANCE, check_backend, make_batch, rel_err  # noqa: E402
+
+DEV = "cuda"
+MODEL = dict(num_heads=32, num_kv_heads=2, head_dim=128)
+
+
+def _lens(low: int, high: int, n: int) -> list[int]:
+    return torch.randint(low, high + 1, (n,)).tolist()
+
+
+@pytest.fixture
+def backend():
+    return TritonAttentionBackend()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+def test_decode_model_shapes(backend, dtype, block_size):
+    lens = [1, 2, 63, 64, 65] + _lens(100, 600, 3) + _lens(1000, 9000, 3)
+    b = make_batch(lens, [], block_size=block_size, dtype=dtype, device=DEV, **MODEL)
+    check_backend(backend, b)
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(8, 8), (16, 8), (16, 4), (24, 4), (32, 4),
+                                                    (16, 1), (32, 2)])
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
+def test_decode_gqa_and_head_dims(backend, num_heads, num_kv_heads, head_dim):
+    lens = _lens(1, 3000, 6)
+    b = make_batch(lens, [], num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                   block_size=16, dtype=torch.bfloat16, device=DEV)
+    check_backend(backend, b)
+
+
+@pytest.mark.parametrize("batch", [1, 3, 64])
+def test_decode_long_contexts(backend, batch):
+    # Up to 32k tokens: all 64 split-K partitions busy at batch 1, none at batch 64.
+    lens = [32768] + _lens(8000, 32768, batch - 1) if batch < 64 else _lens(1, 8192, batch)
+    b = make_batch(lens, [], block_size=16, dtype=torch.bfloat16, device=DEV, **MODEL)
+    check_backend(backend, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_prefill_without_prefix(backend, dtype, block_size):
+    prefills = [(0, n) for n in [1, 7, 128, 129] + _lens(200, 4096, 3)]
+    b = make_batch([], prefills, block_size=block_size, dtype=dtype, device=DEV, **MODEL)
+    check_backend(backend, b)
+
+
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+def test_prefill_with_cached_prefix(backend, block_size):
+    # Chunked prefill / prefix-cache hits: prefixes ending mid-page and on page boundaries.
+    prefills = [(4096, 4096), (64, 1), (31, 33), (block_size, 100)] + \
+        [(c, n) for c, n in zip(_lens(1, 5000, 3), _lens(1, 700, 3))]
+    b = make_batch([], prefills, block_size=block_size, dtype=torch.bfloat16, device=DEV,
+                   **MODEL)
+    check_backend(backend, b)
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(8, 8, 64), (16, 2, 96),
+                                                             (12, 4, 80), (4, 1, 16)])
+def test_prefill_gqa_and_head_dims(backend, num_heads, num_kv_heads, head_dim):
+    prefills = list(zip(_lens(0, 1500, 4), _lens(1, 600, 4)))
+    b = make_batch([], prefills, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                   head_dim=head_dim, block_size=32, dtype=torch.bfloat16, device=DEV)
+    check_backend(backend, b)
+
+
+@pytest.mark.parametrize("prefill", [(0, 32768), (24576, 8192)])
+def test_prefill_32k(backend, prefill):
+    # The oracle in 2k-query chunks: one SDPA call over 32k x 32k in fp32 would need ~128 GB.
+    b = make_batch([], [prefill], block_size=64, dtype=torch.bfloat16, device=DEV, **MODEL)
+    cache = b.kv_cache.clone()
+    out = backend.forward(b.q, b.k, b.v, cache, b.meta, b.scale,
+                          out=torch.full_like(b.q, float("nan")))
+    ref_cache = b.kv_cache.nan_to_num(0.0)
+    write_kv_cache(b.k, b.v, ref_cache, b.meta.slot_mapping)
+    assert torch.equal(cache.nan_to_num(0.0), ref_cache)
+    context, new = prefill
+    ks, vs = gather_kv(ref_cache, b.meta.block_tables[0], context + new)
+    group = MODEL["num_heads"] // MODEL["num_kv_heads"]
+    ref = torch.empty_like(b.q)
+    for s in range(0, new, 2048):
+        e = min(new, s + 2048)
+        ref[s:e] = TorchAttentionBackend._attend(b.q[s:e], ks[:context + e], vs[:context + e],
+                                                 group, b.scale, causal_offset=context + s)
+    assert not out.isnan().any()
+    assert rel_err(out, ref) < TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_mixed_batch_with_padding(backend, dtype):
+    decodes = _lens(1, 6000, 5)
+    prefills = [(0, 300), (3000, 512)] + list(zip(_lens(0, 2000, 2), _lens(1, 300, 2)))
+    b = make_batch(decodes, prefills, block_size=16, dtype=dtype, device=DEV, padding_rows=3,
+                   **MODEL)
+    check_backend(backend, b)
+
+
+def test_cuda_graph_decode_replay(backend):
+    """Capture one decode step, then replay it on new contexts (longer, shorter, padding rows)
+    copied into the same buffers: the launches must not depend on what was captured."""
+    n, pad, block_size, dtype = 6, 2, 16, torch.bfloat16
+    batches = [make_batch(_lens(1, 4000, n), [], block_size=block_size, dtype=dtype, device=DEV,
+                          padding_rows=pad, **MODEL) for _ in range(2)]
+    batches.append(make_batch([32768] + _lens(1, 9000, n - 1), [], block_size=block_size,
+                              dtype=dtype, device=DEV, padding_rows=pad, **MODEL))
+    num_blocks = max(b.kv_cache.shape[1] for b in batches)
+    width = max(b.meta.block_tables.shape[1] for b in batches)
+    cache = torch.empty((2, num_blocks) + batches[0].kv_cache.shape[2:], dtype=dtype, device=DEV)
+    tables = torch.zeros((n + pad, width), dtype=torch.int32, device=DEV)
+    q, k, v = (torch.empty_like(x) for x in (batches[0].q, batches[0].k, batches[0].v))
+    m0 = batches[0].meta
+    meta = AttentionMetadata(
+        num_seqs=n + pad, num_decodes=n + pad, num_tokens=n + pad, max_query_len=1,
+        max_seq_len=m0.max_seq_len, query_start_loc=m0.query_start_loc.clone(),
+        seq_lens=m0.seq_lens.clone(), block_tables=tables, slot_mapping=m0.slot_mapping.clone(),
+        query_start_loc_cpu=m0.query_start_loc_cpu, seq_lens_cpu=m0.seq_lens_cpu)
+    out = torch.empty_like(q)
+
+    def load(b):
+        cache.fill_(float("nan"))
+        cache[:, :b.kv_cache.shape[1]] = b.kv_cache
+        tables.zero_()
+        tables[:, :b.meta.block_tables.shape[1]] = b.meta.block_tables
+        meta.seq_lens.copy_(b.meta.seq_lens)
+        meta.slot_mapping.copy_(b.meta.slot_mapping)
+        for dst, src in ((q, b.q), (k, b.k), (v, b.v)):
+            dst.copy_(src)
+        out.fill_(float("nan"))
+
+    load(batches[0])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up compiles the kernels outside the capture
+        backend.forward(q, k, v, cache, meta, batches[0].scale, out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        backend.forward(q, k, v, cache, meta, batches[0].scale, out=out)
+
+    for b in batches:
+        load(b)
+        graph.replay()
+        ref_cache = b.kv_cache.nan_to_num(0.0)
+        ref = TorchAttentionBackend().forward(b.q, b.k, b.v, ref_cache, b.meta, b.scale)
+        assert not out.isnan().any()
+        assert torch.equal(cache[:, :b.kv_cache.shape[1]].nan_to_num(0.0), ref_cache)
+        assert rel_err(out, ref) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_attention_vit_shape(causal):
+    # GLM-4.1V's ViT: 12 heads x 128; one full screenshot (12,432 patches) next to smaller images.
+    from autoglm_serve.kernels.varlen_attention import sdpa_varlen_attention, varlen_attention
+    lens = [12432, 1] + _lens(2, 5000, 2)
+    cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
+    qkv = torch.randn(int(cu[-1]), 3, 12, 128, dtype=torch.bfloat16, device=DEV)
+    q, k, v = qkv.unbind(1)
+    out = torch.full_like(q, float("nan"))
+    varlen_attention(q, k, v, cu.to(DEV), max(lens), 128 ** -0.5, causal=causal, out=out)
+    ref = sdpa_varlen_attention(q.float(), k.float(), v.float(), cu.tolist(), 128 ** -0.5, causal)
+    assert not out.isnan().any()
+    assert rel_err(out, ref) < TOLERANCE[torch.bfloat16]

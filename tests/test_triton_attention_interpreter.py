@@ -1,0 +1,160 @@
+"""The Triton attention kernels' logic on CPU, under the Triton interpreter
+(TRITON_INTERPRET=1).
+
+The interpreter is chosen when a kernel is decorated, i.e. when autoglm_serve.kernels.paged_attention
+is first imported, so this module sets the variable before importing it. On a machine with CUDA it
+skips itself without touching the environment: there tests/test_triton_attention.py runs the same
+kernels compiled. Shapes are tiny (the interpreter runs each program in numpy) but cover every
+branch: split-K with and without merge, page lookups across block sizes, non-power-of-two head
+dims and GQA groups, cached prefixes, mixed batches and padding rows.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+if torch.cuda.is_available():
+    pytest.skip("CUDA present: the compiled kernels are tested by test_triton_attention.py",
+                allow_module_level=True)
+# Before the first `import triton`: triton.language's own helpers (tl.cdiv, tl.sum ...) are
+# decorated at its import too.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+triton = pytest.importorskip("triton")
+if not triton.knobs.runtime.interpret or not isinstance(
+        triton.language.standard.cdiv, triton.runtime.interpreter.InterpretedFunction):
+    pytest.skip("triton was imported before TRITON_INTERPRET=1 was set: run this module alone, "
+                "or set TRITON_INTERPRET=1 in the environment (or a conftest)",
+                allow_module_level=True)
+
+import numpy as np  # noqa: E402
+import triton.language as tl  # noqa: E402
+import triton.runtime.interpreter as interpreter  # noqa: E402
+
+from autoglm_serve.models.layers.triton_attention import TritonAttentionBackend  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from paged_attention_cases import TOLERANCE, check_backend, make_batch, rel_err  # noqa: E402
+
+
+# Two bugs of the Triton 3.6 interpreter (not of the kernels), patched for this process only:
+# 1. it keeps bf16 as raw uint16 and tl.dot multiplies those integers; widen them to fp32 first
+#    (exact: the GPU's bf16 MMA also accumulates exact products in fp32).
+# 2. range() over tensor bounds calls int() on a 1-element array, an error since numpy 2.4.
+def _dot_bf16_as_fp32(self, a, b, d, input_precision, max_num_imprecise_acc):
+    def widen(x):
+        if x.dtype.scalar == tl.bfloat16:
+            data = interpreter._convert_float(x.data, tl.bfloat16, tl.float32, None)
+            return interpreter.TensorHandle(data.view(np.float32), tl.float32)
+        return x
+    return _create_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+
+def _patch_tensor(tensor, scope):
+    _patch_lang_tensor(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+
+_create_dot = interpreter.InterpreterBuilder.create_dot
+_patch_lang_tensor = interpreter._patch_lang_tensor
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_fixes(monkeypatch):
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", _dot_bf16_as_fp32)
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", _patch_tensor)
+
+
+@pytest.fixture
+def backend():
+    return TritonAttentionBackend()
+
+
+def test_kernels_are_interpreted():
+    from autoglm_serve.kernels import paged_attention
+    assert isinstance(paged_attention._decode_kernel, interpreter.InterpretedFunction)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+def test_decode_split_k(backend, dtype, block_size):
+    # Lengths below one tile, across a partition boundary and over several partitions.
+    b = make_batch([1, 37, 300, 700], [], num_heads=8, num_kv_heads=2, head_dim=32,
+                   block_size=block_size, dtype=dtype, device="cpu")
+    check_backend(backend, b)
+
+
+def test_decode_partition_counts(backend):
+    # Same batch with the split-K grid forced to 1 (direct write) and to 8 (merge kernel).
+    b = make_batch([90, 520], [], num_heads=4, num_kv_heads=1, head_dim=16, block_size=16,
+                   dtype=torch.float32, device="cpu")
+    for parts in (1, 8):
+        backend.max_decode_partitions = parts
+        check_backend(backend, b)
+
+
+@pytest.mark.parametrize("group", [1, 3, 16])
+def test_decode_gqa_groups(backend, group):
+    b = make_batch([20, 270], [], num_heads=2 * group, num_kv_heads=2, head_dim=16,
+                   block_size=16, dtype=torch.float32, device="cpu", padding_rows=2)
+    check_backend(backend, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_without_prefix(backend, dtype):
+    b = make_batch([], [(0, 1), (0, 70), (0, 130)], num_heads=4, num_kv_heads=2, head_dim=32,
+                   block_size=16, dtype=dtype, device="cpu")
+    check_backend(backend, b)
+
+
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_prefill_with_cached_prefix(backend, block_size):
+    # Prefixes that end mid-page, on a page boundary and beyond one key tile.
+    b = make_batch([], [(5, 20), (64, 9), (150, 33)], num_heads=8, num_kv_heads=2, head_dim=32,
+                   block_size=block_size, dtype=torch.float32, device="cpu")
+    check_backend(backend, b)
+
+
+@pytest.mark.parametrize("head_dim", [16, 24, 80])
+def test_non_power_of_two_head_dims(backend, head_dim):
+    b = make_batch([40], [(10, 12)], num_heads=6, num_kv_heads=2, head_dim=head_dim,
+                   block_size=16, dtype=torch.float32, device="cpu")
+    check_backend(backend, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_mixed_batch_with_padding(backend, dtype):
+    b = make_batch([3, 290], [(40, 17), (0, 5)], num_heads=16, num_kv_heads=1, head_dim=16,
+                   block_size=32, dtype=dtype, device="cpu", padding_rows=1)
+    check_backend(backend, b)
+
+
+def test_prefill_row_with_zero_seq_len_writes_zeros(backend):
+    b = make_batch([], [(0, 4)], num_heads=2, num_kv_heads=1, head_dim=16, block_size=16,
+                   dtype=torch.float32, device="cpu")
+    b.meta.seq_lens.zero_()
+    b.meta.seq_lens_cpu.zero_()
+    b.meta.slot_mapping.fill_(-1)
+    cache = b.kv_cache.clone()
+    out = backend.forward(b.q, b.k, b.v, cache, b.meta, b.scale,
+                          out=torch.full_like(b.q, float("nan")))
+    assert torch.equal(out, torch.zeros_like(out))
+    assert torch.equal(cache.isnan(), b.kv_cache.isnan())  # slot -1: nothing written
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_varlen_attention(causal, dtype):
+    from autoglm_serve.kernels.varlen_attention import sdpa_varlen_attention, varlen_attention
+    lens = [1, 150] + torch.randint(2, 200, (1,)).tolist()
+    cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
+    # A packed qkv projection: q, k, v are strided views of one [T, 3, H, D] tensor.
+    qkv = torch.randn(int(cu[-1]), 3, 2, 80, dtype=dtype)
+    q, k, v = qkv.unbind(1)
+    out = torch.full_like(q, float("nan"))
+    varlen_attention(q, k, v, cu, max(lens), 80 ** -0.5, causal=causal, out=out)
+    ref = sdpa_varlen_attention(q.float(), k.float(), v.float(), cu.tolist(), 80 ** -0.5, causal)
+    assert not out.isnan().any()
+    assert rel_err(out, ref) < TOLERANCE[dtype]
