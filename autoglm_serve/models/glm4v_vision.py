@@ -1,0 +1,250 @@
+"""GLM-4.1V vision tower (the ``model.visual`` of AutoGLM-Phone-9B), our own module.
+
+pixel_values [num_patches, C*T*P*P] (rows in merge-window order, as the image processor writes
+them) -> image embeddings [num_patches / merge**2, out_hidden] for the text decoder.
+
+Pipeline: patch embedding (the checkpoint's Conv3d with kernel == stride is a Linear over a
+flattened patch) -> RMSNorm -> + learned position table resampled (bicubic) to each image's grid
+-> ViT blocks with 2-D rotary on (row, col) -> RMSNorm -> 2x2 downsample (the Conv2d with
+kernel == stride, again a Linear over 4 adjacent rows) -> patch merger (Linear, LayerNorm, GELU,
+SiLU-gated MLP). Attention is full inside each image (each frame) and never across images.
+
+Weight names: ``load_weights`` takes checkpoint names as stored (``model.visual.blocks.0.attn.qkv.weight``);
+the ``model.visual.`` (or ``visual.``) prefix is stripped when present, a name without it is taken
+as relative to the tower, and names of other modules (``model.language_model.*``, ``lm_head.*``)
+are skipped, so a caller may stream the whole checkpoint through it.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # statistics in float32 (bf16 sums of 1536 squares lose too much), weight applied in x's dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class VisionAttention(nn.Module):
+    def __init__(self, hidden: int, num_heads: int, qkv_bias: bool):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = hidden // num_heads
+        self.qkv = nn.Linear(hidden, 3 * hidden, bias=qkv_bias)
+        self.proj = nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: list[int]) -> torch.Tensor:
+        n = x.shape[0]
+        q, k, v = self.qkv(x).view(n, 3, self.num_heads, self.head_dim).unbind(1)
+        # rotary in float32, like the reference, then back to the activation dtype
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = (q.float() * c + _rotate_half(q.float()) * s).to(v.dtype)
+        k = (k.float() * c + _rotate_half(k.float()) * s).to(v.dtype)
+        out = self.attend(q, k, v, cu_seqlens)
+        return self.proj(out.reshape(n, -1))
+
+    @staticmethod
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: list[int]) -> torch.Tensor:
+        """Non-causal attention within each segment [cu[i], cu[i+1]); q, k, v, out: [N, heads, D].
+
+        The one place to swap in a varlen kernel (flash-attn style cu_seqlens)."""
+        out = torch.empty_like(q)
+        for start, end in zip(cu_seqlens[:-1], cu_seqlens[1:]):
+            seg = [t[start:end].transpose(0, 1) for t in (q, k, v)]   # heads, L, D
+            out[start:end] = F.scaled_dot_product_attention(*seg).transpose(0, 1)
+        return out
+
+
+class GatedMLP(nn.Module):
+    """down(silu(gate(x)) * up(x)); gate and up are one fused Linear (gate rows first)."""
+
+    def __init__(self, dim: int, inner: int):
+        super().__init__()
+        self.gate_up = nn.Linear(dim, 2 * inner, bias=False)
+        self.down = nn.Linear(inner, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class VisionBlock(nn.Module):
+    def __init__(self, hidden: int, num_heads: int, mlp_dim: int, eps: float, qkv_bias: bool):
+        super().__init__()
+        self.norm1 = RMSNorm(hidden, eps)
+        self.attn = VisionAttention(hidden, num_heads, qkv_bias)
+        self.norm2 = RMSNorm(hidden, eps)
+        self.mlp = GatedMLP(hidden, mlp_dim)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: list[int]) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), cos, sin, cu_seqlens)
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchMerger(nn.Module):
+    def __init__(self, dim: int, inner: int):
+        super().__init__()
+        self.proj = nn.Linear(dim, dim, bias=False)
+        self.norm = nn.LayerNorm(dim)
+        self.mlp = GatedMLP(dim, inner)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(F.gelu(self.norm(self.proj(x))))
+
+
+class Glm4vVisionTower(nn.Module):
+    def __init__(self, vision_config):
+        super().__init__()
+        c = vision_config
+        self.hidden = c.hidden_size
+        self.out_hidden = c.out_hidden_size
+        self.num_heads = c.num_heads
+        self.merge = c.spatial_merge_size
+        self.patch_dim = c.in_channels * c.temporal_patch_size * c.patch_size ** 2
+        self.pos_side = c.image_size // c.patch_size
+        rope_theta = float((getattr(c, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
+        head_dim = c.hidden_size // c.num_heads
+
+        self.patch_embed = nn.Linear(self.patch_dim, c.hidden_size, bias=True)
+        self.post_conv_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.pos_embed = nn.Parameter(torch.zeros(self.pos_side ** 2, c.hidden_size))
+        # GLM's block MLP is out_hidden wide (4096), not intermediate_size; the merger uses the latter
+        self.blocks = nn.ModuleList(
+            VisionBlock(c.hidden_size, c.num_heads, c.out_hidden_size, c.rms_norm_eps, c.attention_bias)
+            for _ in range(c.depth)
+        )
+        self.post_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.downsample = nn.Linear(self.merge ** 2 * c.hidden_size, c.out_hidden_size, bias=True)
+        self.merger = PatchMerger(c.out_hidden_size, c.intermediate_size)
+        # half the head's pairs rotate with the row index, half with the column index
+        quarter = torch.arange(0, head_dim // 2, 2, dtype=torch.float) / (head_dim // 2)
+        self.register_buffer("inv_freq", 1.0 / (rope_theta ** quarter), persistent=False)
+
+    # ---- per-call geometry (host side, from grid_thw) ----
+    def _patch_rows_cols(self, grid_thw: list[tuple[int, int, int]], device) -> torch.Tensor:
+        """(row, col) of every patch, [N, 2], in merge-window order, repeated per frame."""
+        m = self.merge
+        out = []
+        for t, h, w in grid_thw:
+            rows = torch.arange(h, device=device).view(h // m, m, 1, 1).expand(h // m, m, w // m, m)
+            cols = torch.arange(w, device=device).view(1, 1, w // m, m).expand(h // m, m, w // m, m)
+            rc = torch.stack([rows.transpose(1, 2).flatten(), cols.transpose(1, 2).flatten()], dim=-1)
+            out.append(rc.repeat(t, 1))
+        return torch.cat(out)
+
+    def _position_embedding(self, rows_cols: torch.Tensor, grid_thw: list[tuple[int, int, int]]) -> torch.Tensor:
+        """Learned side x side table, bicubic-sampled at each patch's centre in its own image's grid."""
+        per_image = torch.tensor([[h, w] for _, h, w in grid_thw], dtype=torch.float32)
+        counts = torch.tensor([t * h * w for t, h, w in grid_thw])
+        sizes = per_image.repeat_interleave(counts, dim=0).to(rows_cols.device)
+        centre = (rows_cols.float() + 0.5) / sizes * 2 - 1          # [-1, 1], align_corners=False
+        grid = centre.flip(-1).view(1, -1, 1, 2)                    # grid_sample wants (x=col, y=row)
+        table = self.pos_embed.float().t().reshape(1, self.hidden, self.pos_side, self.pos_side)
+        sampled = F.grid_sample(table, grid, mode="bicubic", align_corners=False, padding_mode="border")
+        return sampled.view(self.hidden, -1).t()
+
+    def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor | list) -> torch.Tensor:
+        grids = [tuple(int(v) for v in g) for g in (grid_thw.tolist() if torch.is_tensor(grid_thw) else grid_thw)]
+        dtype = self.patch_embed.weight.dtype
+        device = self.patch_embed.weight.device
+        frame_lens = [h * w for t, h, w in grids for _ in range(t)]
+        cu_seqlens = [0]
+        for n in frame_lens:
+            cu_seqlens.append(cu_seqlens[-1] + n)
+        if pixel_values.shape[0] != cu_seqlens[-1]:
+            raise ValueError(f"pixel_values has {pixel_values.shape[0]} patches, grid_thw says {cu_seqlens[-1]}")
+
+        x = self.patch_embed(pixel_values.to(device=device, dtype=dtype))
+        x = self.post_conv_norm(x)
+        rows_cols = self._patch_rows_cols(grids, device)
+        x = x + self._position_embedding(rows_cols, grids).to(dtype)
+
+        freqs = rows_cols.float().unsqueeze(-1) * self.inv_freq                 # N, 2, D/4
+        emb = torch.cat([freqs[:, 0], freqs[:, 1]], dim=-1)
+        emb = torch.cat([emb, emb], dim=-1)                                      # N, D
+        cos, sin = emb.cos(), emb.sin()
+
+        for block in self.blocks:
+            x = block(x, cos, sin, cu_seqlens)
+
+        x = self.post_norm(x)
+        x = self.downsample(x.reshape(-1, self.merge ** 2 * self.hidden))      # 4 adjacent rows = one window
+        return self.merger(x)
+
+    # ---- checkpoint loading ----
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy checkpoint tensors in; returns the names of our parameters that were set."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+
+        def put(name: str, tensor: torch.Tensor, rows: slice | None = None) -> None:
+            p = params[name]
+            dst = p.data if rows is None else p.data[rows]
+            if dst.shape != tensor.shape:
+                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(dst.shape)}")
+            dst.copy_(tensor.to(dst.dtype))
+            loaded.add(name)
+
+        for ckpt_name, tensor in weights:
+            name = ckpt_name
+            for prefix in ("model.visual.", "visual."):
+                if name.startswith(prefix):
+                    name = name[len(prefix):]
+                    break
+            else:
+                if name.startswith(("model.", "lm_head.")):
+                    continue   # language model or head: not ours
+            with torch.no_grad():
+                self._load_one(name, tensor, put)
+        return loaded
+
+    def _load_one(self, name: str, t: torch.Tensor, put) -> None:
+        simple = {
+            "patch_embed.proj.bias": "patch_embed.bias",
+            "post_conv_layernorm.weight": "post_conv_norm.weight",
+            "embeddings.position_embedding.weight": "pos_embed",
+            "post_layernorm.weight": "post_norm.weight",
+            "downsample.bias": "downsample.bias",
+            "merger.proj.weight": "merger.proj.weight",
+            "merger.post_projection_norm.weight": "merger.norm.weight",
+            "merger.post_projection_norm.bias": "merger.norm.bias",
+            "merger.down_proj.weight": "merger.mlp.down.weight",
+        }
+        if name in simple:
+            return put(simple[name], t)
+        if name == "patch_embed.proj.weight":                  # [D, C, T, P, P] -> [D, C*T*P*P]
+            return put("patch_embed.weight", t.reshape(t.shape[0], -1))
+        if name == "downsample.weight":                        # [O, D, m, m] -> [O, (m, m, D)]
+            return put("downsample.weight", t.permute(0, 2, 3, 1).reshape(t.shape[0], -1))
+        if name in ("merger.gate_proj.weight", "merger.up_proj.weight"):
+            inner = t.shape[0]
+            rows = slice(0, inner) if "gate" in name else slice(inner, 2 * inner)
+            return put("merger.mlp.gate_up.weight", t, rows)
+        if name.startswith("blocks."):
+            _, idx, rest = name.split(".", 2)
+            pre = f"blocks.{idx}."
+            if rest in ("norm1.weight", "norm2.weight", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight"):
+                return put(pre + rest, t)
+            if rest == "mlp.down_proj.weight":
+                return put(pre + "mlp.down.weight", t)
+            if rest in ("mlp.gate_proj.weight", "mlp.up_proj.weight"):
+                inner = t.shape[0]
+                rows = slice(0, inner) if "gate" in rest else slice(inner, 2 * inner)
+                return put(pre + "mlp.gate_up.weight", t, rows)
+        raise KeyError(f"unexpected vision weight {name!r}")

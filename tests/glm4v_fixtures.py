@@ -1,0 +1,141 @@
+"""A tiny random GLM-4.1V checkpoint directory for tests (not a test itself).
+
+``make_tiny_glm4v(path)`` writes config.json, model.safetensors (random weights, checkpoint names
+``model.visual.*`` / ``model.language_model.*`` / ``lm_head.*``), a byte-level tokenizer whose GLM
+special tokens sit at the end of the vocab, a GLM-4.1V style chat template,
+preprocessor_config.json and generation_config.json. Everything is built in code: no hub.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+# GLM's special tokens in the order of their real ids (151329 ...); the first 16 keep the real
+# relative layout, the thinking/answer tags follow. In the tiny vocab they start at BASE_VOCAB.
+SPECIAL_TOKENS = [
+    "<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>",
+    "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>",
+    "<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>", "<|end_of_video|>",
+    "<|image|>", "<|video|>",
+    "<think>", "</think>", "<answer>", "</answer>",
+]
+BASE_VOCAB = 256                                   # one token per byte, no merges
+TINY_VOCAB = BASE_VOCAB + len(SPECIAL_TOKENS)      # specials are the last ids
+SPECIAL_IDS = {tok: BASE_VOCAB + i for i, tok in enumerate(SPECIAL_TOKENS)}
+
+CHAT_TEMPLATE = """[gMASK]<sop>
+{%- for msg in messages %}
+{%- if msg.role == 'system' %}<|system|>
+{% if msg.content is string %}{{ msg.content }}{% else %}{% for item in msg.content %}{% if item.type == 'text' %}{{ item.text }}{% endif %}{% endfor %}{% endif %}
+{%- elif msg.role == 'user' %}<|user|>
+{% if msg.content is string %}{{ msg.content }}{% else %}{% for item in msg.content %}
+{%- if item.type in ('image', 'image_url') or 'image' in item %}<|begin_of_image|><|image|><|end_of_image|>
+{%- elif item.type == 'text' %}{{ item.text }}{% endif %}
+{%- endfor %}{% endif %}
+{%- elif msg.role == 'assistant' %}
+{%- set content = msg.content if msg.content is string else '' %}
+{%- if '</think>' in content %}{% set content = content.split('</think>')[-1].lstrip('\\n') %}{% endif %}
+{{- '<|assistant|>\\n' + content }}
+{%- elif msg.role in ('tool', 'observation') %}<|observation|>
+{{ msg.content }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|assistant|>
+{% if enable_thinking is defined and not enable_thinking %}<think></think>
+{% endif %}{% endif %}"""
+
+
+def tiny_glm4v_config():
+    """A Glm4vConfig with every GLM-4.1V feature but tiny sizes (head_dim 32 so that the real
+    mrope_section [8, 12, 12] scales to an integer split [2, 3, 3] of its 8 rotary frequencies)."""
+    from transformers import Glm4vConfig
+
+    return Glm4vConfig(
+        text_config=dict(
+            vocab_size=TINY_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32, attention_bias=True,
+            max_position_embeddings=4096, rms_norm_eps=1e-5,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5,
+                                 mrope_section=[2, 3, 3]),
+            pad_token_id=SPECIAL_IDS["<|endoftext|>"],
+            eos_token_id=[SPECIAL_IDS[t] for t in ("<|endoftext|>", "<|user|>", "<|observation|>")],
+        ),
+        vision_config=dict(
+            depth=2, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=128,
+            patch_size=14, temporal_patch_size=2, spatial_merge_size=2, image_size=336,
+            rms_norm_eps=1e-5,
+        ),
+        image_token_id=SPECIAL_IDS["<|image|>"],
+        video_token_id=SPECIAL_IDS["<|video|>"],
+        image_start_token_id=SPECIAL_IDS["<|begin_of_image|>"],
+        image_end_token_id=SPECIAL_IDS["<|end_of_image|>"],
+        video_start_token_id=SPECIAL_IDS["<|begin_of_video|>"],
+        video_end_token_id=SPECIAL_IDS["<|end_of_video|>"],
+        tie_word_embeddings=False,
+    )
+
+
+def tiny_tokenizer():
+    """Byte-level BPE without merges: any text round-trips, ids 0..255 are bytes, specials after."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    assert len(alphabet) == BASE_VOCAB
+    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+        additional_special_tokens=SPECIAL_TOKENS,
+        padding_side="left",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    got = fast.convert_tokens_to_ids(SPECIAL_TOKENS)
+    assert got == [SPECIAL_IDS[t] for t in SPECIAL_TOKENS], got
+    return fast
+
+
+PREPROCESSOR_CONFIG = {
+    "size": {"shortest_edge": 12544, "longest_edge": 9633792},
+    "do_rescale": True,
+    "do_normalize": True,
+    "do_convert_rgb": True,
+    "rescale_factor": 1 / 255,
+    "resample": 3,
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "image_processor_type": "Glm4vImageProcessor",
+    "processor_class": "Glm4vProcessor",
+}
+
+
+def make_tiny_glm4v(path: str | os.PathLike, seed: int = 0) -> Path:
+    """Write the tiny checkpoint into ``path`` (created if needed) and return it."""
+    from transformers import Glm4vForConditionalGeneration
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    config = tiny_glm4v_config()
+    model = Glm4vForConditionalGeneration(config).eval()
+    # post_init draws tiny weights (std 0.02); widen the norms and biases so a test notices swaps
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(torch.randn_like(p) * 0.5 + (1.0 if "norm" in name and "weight" in name else 0.0))
+    model.save_pretrained(path, safe_serialization=True)
+
+    tiny_tokenizer().save_pretrained(path)
+    (path / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG, indent=2))
+    gen = {"eos_token_id": config.text_config.eos_token_id, "pad_token_id": SPECIAL_IDS["<|endoftext|>"],
+           "do_sample": False}
+    (path / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    return path

@@ -1,0 +1,82 @@
+"""The bundled AutoGLM-Phone-9B config: loads in transformers, carries the architecture's numbers."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+CONFIG_DIR = Path(__file__).parents[1] / "autoglm_serve/models/configs/autoglm-phone-9b"
+
+
+@pytest.fixture(scope="module")
+def config():
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(CONFIG_DIR)
+
+
+def test_loads_as_glm4v(config):
+    assert type(config).__name__ == "Glm4vConfig"
+    assert json.loads((CONFIG_DIR / "config.json").read_text())["architectures"] == ["Glm4vForConditionalGeneration"]
+
+
+def test_text_numbers(config):
+    t = config.text_config
+    assert (t.hidden_size, t.num_hidden_layers, t.num_attention_heads, t.num_key_value_heads) == (4096, 40, 32, 2)
+    assert t.head_dim == 128 == t.hidden_size // t.num_attention_heads
+    assert (t.intermediate_size, t.vocab_size, t.max_position_embeddings) == (13696, 151552, 65536)
+    assert t.attention_bias is True
+    assert t.rms_norm_eps == 1e-5
+    rope = t.rope_parameters
+    assert rope["partial_rotary_factor"] == 0.5
+    assert rope["rope_theta"] == 10000.0
+    assert rope["mrope_section"] == [8, 12, 12]
+    assert sum(rope["mrope_section"]) * 2 == int(t.head_dim * rope["partial_rotary_factor"])
+
+
+def test_vision_numbers(config):
+    v = config.vision_config
+    assert (v.depth, v.hidden_size, v.num_heads) == (24, 1536, 12)
+    assert (v.patch_size, v.temporal_patch_size, v.spatial_merge_size) == (14, 2, 2)
+    assert (v.out_hidden_size, v.intermediate_size, v.image_size) == (4096, 13696, 336)
+    assert v.out_hidden_size == config.text_config.hidden_size
+
+
+def test_token_ids(config):
+    assert (config.image_token_id, config.image_start_token_id, config.image_end_token_id) == (151343, 151339, 151340)
+    assert (config.video_token_id, config.video_start_token_id, config.video_end_token_id) == (151344, 151341, 151342)
+    assert list(config.text_config.eos_token_id) == [151329, 151336, 151338]
+    assert config.text_config.pad_token_id == 151329
+    gen = json.loads((CONFIG_DIR / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == [151329, 151336, 151338] and gen["pad_token_id"] == 151329
+
+
+def test_matches_transformers_defaults_where_they_agree(config):
+    """transformers' Glm4vConfig defaults mirror GLM-4.1V-9B; ours differ only where the checkpoint does."""
+    from transformers import Glm4vConfig
+
+    default = Glm4vConfig()
+    ours_v, def_v = config.vision_config.to_dict(), default.vision_config.to_dict()
+    for key, value in def_v.items():
+        if key in ("transformers_version", "dtype"):
+            continue
+        assert ours_v.get(key) == value, key
+    ours_t, def_t = config.text_config.to_dict(), default.text_config.to_dict()
+    # known differences: the checkpoint's longer context, its pad id, partial rotary + M-RoPE sections
+    expected_diff = {"max_position_embeddings", "pad_token_id", "rope_parameters"}
+    for key, value in def_t.items():
+        if key in expected_diff or key in ("transformers_version", "dtype"):
+            continue
+        assert ours_t.get(key) == value, key
+    for key in ("image_token_id", "video_token_id", "image_start_token_id", "image_end_token_id",
+                "video_start_token_id", "video_end_token_id", "tie_word_embeddings"):
+        assert getattr(config, key) == getattr(default, key), key
+
+
+def test_preprocessor_config_loads():
+    from transformers import AutoImageProcessor
+
+    proc = AutoImageProcessor.from_pretrained(CONFIG_DIR)
+    assert proc.size.shortest_edge == 12544 and proc.size.longest_edge == 9633792
+    assert (proc.patch_size, proc.temporal_patch_size, proc.merge_size) == (14, 2, 2)
