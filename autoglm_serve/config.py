@@ -35,6 +35,8 @@ class EngineConfig:
     mm_processor_kwargs: dict = field(default_factory=dict)
     limit_mm_per_prompt: dict = field(default_factory=dict)
     chat_template: str | None = None
+    allowed_local_media_path: str | None = None   # file:// images only from inside this folder
+    allowed_media_domains: tuple[str, ...] = ()   # http(s) images only from these hosts
 
     def __post_init__(self):
         if self.load_format not in ("auto", "safetensors", "gguf", "dummy"):

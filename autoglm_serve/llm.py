@@ -5,15 +5,20 @@ from collections.abc import Sequence
 
 from autoglm_serve.config import EngineConfig
 from autoglm_serve.engine.llm_engine import LLMEngine
+from autoglm_serve.engine.model_setup import LoadedModel
 from autoglm_serve.outputs import RequestOutput
 from autoglm_serve.sampling_params import SamplingParams
 
-Prompt = str | list[int]
+# a string, token ids, or vLLM's dict form:
+# {"prompt" | "prompt_token_ids": ..., "multi_modal_data": {"image": PIL image or list}}
+Prompt = str | list[int] | dict
 
 
 class LLM:
-    def __init__(self, model: str | None = None, **kwargs):
-        self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
+    def __init__(self, model: str | None = None, loaded: LoadedModel | None = None, **kwargs):
+        """loaded: weights already in memory (another LLM's ``engine.core.loaded``), so tests
+        and tools can try other engine settings without loading the checkpoint again."""
+        self.engine = LLMEngine(EngineConfig(model=model, **kwargs), loaded)
 
     @property
     def tokenizer(self):
@@ -22,37 +27,43 @@ class LLM:
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  ) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params or SamplingParams()
         params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError("give one SamplingParams, or one per prompt")
-        return self._run([(p, sp, True) for p, sp in zip(prompts, params_list)])
+        return self._run([(lambda p=p: self._prepare(p), sp) for p, sp in zip(prompts, params_list)])
+
+    def _prepare(self, prompt: Prompt):
+        if not isinstance(prompt, dict):
+            return self.engine.prepare(prompt)
+        images = (prompt.get("multi_modal_data") or {}).get("image") or []
+        if not isinstance(images, (list, tuple)):
+            images = [images]
+        text = prompt.get("prompt", prompt.get("prompt_token_ids"))
+        if text is None:
+            raise ValueError("a dict prompt needs 'prompt' or 'prompt_token_ids'")
+        return self.engine.prepare(text, images)
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | None = None,
              chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """OpenAI-style messages, image_url parts included (data:, file:// inside
+        allowed_local_media_path, http(s) of allowed_media_domains)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         params = sampling_params or SamplingParams()
-        prompts = [self.apply_chat_template(c, chat_template_kwargs) for c in conversations]
-        return self._run([(p, params, False) for p in prompts])
-
-    def apply_chat_template(self, messages: list[dict], chat_template_kwargs: dict | None = None
-                            ) -> str:
-        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError("this model's tokenizer has no chat template; pass chat_template")
-        return self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                  add_generation_prompt=True,
-                                                  **(chat_template_kwargs or {}))
+        return self._run([(lambda c=c: self.engine.prepare_chat(c, chat_template_kwargs), params)
+                          for c in conversations])
 
     def _run(self, items) -> list[RequestOutput]:
         engine = self.engine
         ids = []
         try:
-            for prompt, params, special in items:
+            for prepare, params in items:
+                prompt = prepare()
                 rid = engine.next_request_id()
-                engine.add_request(rid, prompt, params, add_special_tokens=special)
+                engine.add_request(rid, prompt, params)
                 ids.append(rid)
         except Exception:
             for rid in ids:   # a bad prompt fails the call, not the engine

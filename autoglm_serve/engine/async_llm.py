@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from autoglm_serve.config import EngineConfig
+from autoglm_serve.engine.input_processor import PreparedPrompt
 from autoglm_serve.engine.llm_engine import LLMEngine
 from autoglm_serve.outputs import RequestOutput
 from autoglm_serve.sampling_params import SamplingParams
@@ -71,23 +72,25 @@ class AsyncLLM:
         return len(self._streams)
 
     # ---- requests -------------------------------------------------------------------------
-    async def generate(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                       add_special_tokens: bool = True, mm_items=(), mrope=None,
-                       delta: bool = True) -> AsyncIterator[RequestOutput]:
+    async def generate(self, request_id: str, prompt: PreparedPrompt | str | list[int],
+                       params: SamplingParams, add_special_tokens: bool = True, mm_items=(),
+                       mrope=None, delta: bool = True) -> AsyncIterator[RequestOutput]:
         """Yields outputs as tokens arrive (only the new part each time when ``delta``).
-        Stopping the iteration (client gone) aborts the request."""
+        Stopping the iteration (client gone) aborts the request. Prepare the prompt with
+        ``self.engine.prepare`` / ``prepare_chat`` (in a worker thread when it has images)."""
         if self.dead is not None:
             raise EngineDeadError(f"the engine stopped: {self.dead!r}")
         if self.core.num_waiting >= self.max_waiting:
             raise QueueFullError(f"the server's queue is full ({self.max_waiting} waiting "
                                  "requests); retry later")
-        ep = self.engine.input_processor
-        token_ids = ep.tokenize(prompt, add_special_tokens)
-        requests = ep.make_requests(request_id, token_ids, params, mm_items, mrope)
+        if not isinstance(prompt, PreparedPrompt):
+            prompt = PreparedPrompt(self.engine.input_processor.tokenize(prompt, add_special_tokens),
+                                    prompt if isinstance(prompt, str) else None,
+                                    list(mm_items), mrope)
+        requests = self.engine.input_processor.make_requests(request_id, prompt, params)
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = stream
-        self.engine.output_processor.add(request_id, prompt if isinstance(prompt, str) else None,
-                                         requests, delta)
+        self.engine.output_processor.add(request_id, prompt.text, requests, delta)
         self._inbox.put(_Add(requests))
         finished = False
         try:

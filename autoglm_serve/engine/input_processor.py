@@ -3,9 +3,20 @@ from __future__ import annotations
 
 import torch
 
+from dataclasses import dataclass, field
+
 from autoglm_serve.engine.request import MultiModalItem, Request
 from autoglm_serve.engine.sampler import make_generator
 from autoglm_serve.sampling_params import SamplingParams
+
+
+@dataclass
+class PreparedPrompt:
+    """A prompt ready for the engine: token ids (images expanded) and what goes with them."""
+    token_ids: list[int]
+    text: str | None = None
+    mm_items: list[MultiModalItem] = field(default_factory=list)
+    mrope: tuple | None = None      # (positions [3, L], delta) for M-RoPE models with images
 
 
 def child_id(parent_id: str, index: int, n: int) -> str:
@@ -40,8 +51,9 @@ class InputProcessor:
                              f"{self.max_model_len} (the prompt plus at least one generated token "
                              "must fit)")
 
-    def make_requests(self, request_id: str, token_ids: list[int], params: SamplingParams,
-                      mm_items: list[MultiModalItem] = (), mrope=None) -> list[Request]:
+    def make_requests(self, request_id: str, prompt: PreparedPrompt,
+                      params: SamplingParams) -> list[Request]:
+        token_ids, mm_items, mrope = prompt.token_ids, prompt.mm_items, prompt.mrope
         self.validate(token_ids)
         room = self.max_model_len - len(token_ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)

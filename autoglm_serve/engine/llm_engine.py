@@ -9,9 +9,9 @@ import itertools
 
 from autoglm_serve.config import EngineConfig
 from autoglm_serve.engine.core import EngineCore
-from autoglm_serve.engine.input_processor import InputProcessor
+from autoglm_serve.engine.input_processor import InputProcessor, PreparedPrompt
 from autoglm_serve.engine.output_processor import OutputProcessor
-from autoglm_serve.engine.model_setup import text_config
+from autoglm_serve.engine.model_setup import LoadedModel, text_config
 from autoglm_serve.outputs import RequestOutput
 from autoglm_serve.sampling_params import SamplingParams
 from autoglm_serve.tokenizer import load_tokenizer
@@ -36,9 +36,9 @@ def eos_ids(tokenizer, hf_config, resolved) -> set[int]:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None):
         self.config = config
-        self.core = EngineCore(config)
+        self.core = EngineCore(config, loaded)
         loaded = self.core.loaded
         self.tokenizer = None if config.skip_tokenizer_init else \
             load_tokenizer(loaded.resolved.path, config.tokenizer)
@@ -49,19 +49,61 @@ class LLMEngine:
             eos_ids(self.tokenizer, loaded.hf_config, loaded.resolved), self.core.device,
             loaded.generation_defaults)
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.mm_processor = None
+        if hasattr(loaded.model, "embed_images"):
+            from autoglm_serve.multimodal.media import MediaPolicy
+            from autoglm_serve.multimodal.processor import MultiModalProcessor
+            path = loaded.resolved.path
+            self.mm_processor = MultiModalProcessor(
+                loaded.hf_config, path if path.is_dir() else None, config.mm_processor_kwargs,
+                config.limit_mm_per_prompt,
+                MediaPolicy(local_media_dir=config.allowed_local_media_path,
+                            allowed_domains=tuple(config.allowed_media_domains)))
         self._ids = itertools.count()
+
+    @property
+    def model_name(self) -> str:
+        return str(self.config.model or "SmolLM2-135M-Instruct")
+
+    def prepare(self, prompt: str | list[int], images=(), add_special_tokens: bool = True
+                ) -> PreparedPrompt:
+        """Tokenizes; with images, expands their placeholders and builds M-RoPE positions."""
+        token_ids = self.input_processor.tokenize(prompt, add_special_tokens)
+        text = prompt if isinstance(prompt, str) else None
+        if not images:
+            return PreparedPrompt(token_ids, text)
+        if self.mm_processor is None:
+            raise ValueError(f"model {self.model_name} does not accept image input")
+        mm = self.mm_processor.build(token_ids, list(images))
+        return PreparedPrompt(mm.token_ids, text, mm.items, mm.mrope)
+
+    def render_chat(self, messages: list[dict], chat_template_kwargs: dict | None = None
+                    ) -> tuple[str, list[str]]:
+        """The chat template applied (image parts reduced to markers) and the image URLs."""
+        from autoglm_serve.multimodal.processor import split_images
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("this model's tokenizer has no chat template; pass chat_template")
+        rendered, urls = split_images(messages)
+        if urls and self.mm_processor is None:
+            raise ValueError(f"model {self.model_name} does not accept image input")
+        text = self.tokenizer.apply_chat_template(rendered, tokenize=False,
+                                                  add_generation_prompt=True,
+                                                  **(chat_template_kwargs or {}))
+        return text, urls
+
+    def prepare_chat(self, messages: list[dict], chat_template_kwargs: dict | None = None
+                     ) -> PreparedPrompt:
+        text, urls = self.render_chat(messages, chat_template_kwargs)
+        images = self.mm_processor.load_images(urls) if urls else []
+        return self.prepare(text, images, add_special_tokens=False)
 
     def next_request_id(self) -> str:
         return f"req-{next(self._ids)}"
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    add_special_tokens: bool = True, delta: bool = False, mm_items=(),
-                    mrope=None) -> None:
-        token_ids = self.input_processor.tokenize(prompt, add_special_tokens)
-        requests = self.input_processor.make_requests(request_id, token_ids, params, mm_items,
-                                                      mrope)
-        self.output_processor.add(request_id, prompt if isinstance(prompt, str) else None,
-                                  requests, delta)
+    def add_request(self, request_id: str, prompt: PreparedPrompt, params: SamplingParams,
+                    delta: bool = False) -> None:
+        requests = self.input_processor.make_requests(request_id, prompt, params)
+        self.output_processor.add(request_id, prompt.text, requests, delta)
         for r in requests:
             self.core.add_request(r)
 

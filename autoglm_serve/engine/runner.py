@@ -16,6 +16,7 @@ from autoglm_serve.engine.request import Request
 from autoglm_serve.engine.sampler import Sampler, SamplerOutput, SamplingBatch, SamplingRow
 from autoglm_serve.engine.scheduler import ScheduledRequest
 from autoglm_serve.models.layers.attention import Attention, AttentionBackend, AttentionMetadata
+from autoglm_serve.multimodal.encoder_cache import EncoderCache
 
 
 @dataclass
@@ -47,7 +48,7 @@ class ModelRunner:
             layer.backend = backend
         # Observer of every step's logits (tests compare them with transformers).
         self.logits_hook: Callable[[list[Request], torch.Tensor], None] | None = None
-        self.encoder_cache = None   # set by multimodal models' runners
+        self.encoder_cache = EncoderCache() if hasattr(model, "embed_images") else None
         self.pin = device.type == "cuda"
 
     # ---- KV cache -------------------------------------------------------------------------
@@ -148,8 +149,51 @@ class ModelRunner:
 
     def multimodal_embeddings(self, batch: list[ScheduledRequest],
                               ids: torch.Tensor) -> torch.Tensor | None:
-        """Input embeddings with image features in place of placeholders (None: text only)."""
-        return None
+        """Input embeddings with image features in place of placeholders (None: text only).
+
+        Each chunk takes the slice of every image it overlaps; the whole image is encoded once
+        (or found in the encoder cache) even when its placeholders span several chunks."""
+        if self.encoder_cache is None:
+            return None
+        pieces = []   # (flat token offset in this step, image item, first image row, rows)
+        flat = 0
+        for s in batch:
+            req = s.request
+            start, end = req.num_computed_tokens, req.num_computed_tokens + s.num_new_tokens
+            for item in req.mm_items:
+                lo, hi = max(start, item.offset), min(end, item.offset + item.length)
+                if lo < hi:
+                    pieces.append((flat + lo - start, item, lo - item.offset, hi - lo))
+            flat += s.num_new_tokens
+        if not pieces:
+            return None
+        features = self._encode([item for _, item, _, _ in pieces])
+        embeds = self.model.get_input_embeddings(ids)
+        for (at, item, first, rows) in pieces:
+            embeds[at:at + rows] = features[item.content_hash][first:first + rows].to(embeds.dtype)
+        return embeds
+
+    def _encode(self, items) -> dict[str, torch.Tensor]:
+        """Image features by content hash: cached ones looked up, the rest encoded together."""
+        found, todo = {}, {}
+        for item in items:
+            if item.content_hash in found or item.content_hash in todo:
+                continue
+            emb = self.encoder_cache.get(item.content_hash)
+            if emb is None:
+                todo[item.content_hash] = item
+            else:
+                found[item.content_hash] = emb
+        if todo:
+            pixels = torch.cat([i.pixel_values for i in todo.values()]).to(self.device)
+            out = self.model.embed_images(pixels, [i.grid_thw for i in todo.values()])
+            offset = 0
+            for h, item in todo.items():
+                emb = out[offset:offset + item.length]
+                offset += item.length
+                self.encoder_cache.put(h, emb)
+                found[h] = emb
+        return found
 
     @torch.inference_mode()
     def profile_run(self) -> None:

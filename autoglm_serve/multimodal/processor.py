@@ -1,0 +1,94 @@
+"""Chat messages with images → a prompt the engine can run.
+
+Image parts are pulled out of the OpenAI-style messages (the chat template only needs to know
+where an image goes), loaded under the media policy, preprocessed, and their single
+``<|image|>`` placeholders in the tokenized prompt expanded to one token per merged patch, with
+the M-RoPE positions that go with them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from PIL import Image
+
+from autoglm_serve.engine.request import MultiModalItem
+from autoglm_serve.models.mrope import get_mrope_positions
+from autoglm_serve.multimodal.image_processor import Glm4vImageProcessor
+from autoglm_serve.multimodal.media import (LoadedImage, MediaError, MediaLoader, MediaPolicy,
+                                            image_content_hash)
+from autoglm_serve.multimodal.prompt import expand_image_tokens
+
+DEFAULT_IMAGE_LIMIT = 10
+
+
+@dataclass
+class MultiModalPrompt:
+    token_ids: list[int]
+    items: list[MultiModalItem]
+    mrope: tuple | None          # (positions [3, L], delta)
+
+
+def image_url_of(part: dict) -> str:
+    """The URL of an image part, in the object or the bare-string form."""
+    value = part.get("image_url")
+    if isinstance(value, dict):
+        value = value.get("url")
+    if not isinstance(value, str) or not value:
+        raise MediaError("image_url part needs a url: {'type': 'image_url', "
+                         "'image_url': {'url': 'data:image/png;base64,...'}}")
+    return value
+
+
+def split_images(messages: list[dict]) -> tuple[list[dict], list[str]]:
+    """Messages for the chat template (image parts become {'type': 'image'}) and the image URLs
+    in order of appearance."""
+    urls: list[str] = []
+    rendered = []
+    for msg in messages:
+        content = msg.get("content")
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if isinstance(part, dict) and part.get("type") in ("image_url", "image"):
+                    if part.get("type") == "image_url":
+                        urls.append(image_url_of(part))
+                    parts.append({"type": "image"})
+                else:
+                    parts.append(part)
+            msg = {**msg, "content": parts}
+        rendered.append(msg)
+    return rendered, urls
+
+
+class MultiModalProcessor:
+    def __init__(self, hf_config, model_dir, mm_processor_kwargs: dict | None = None,
+                 limit_mm_per_prompt: dict | None = None, policy: MediaPolicy | None = None):
+        self.image_processor = Glm4vImageProcessor.from_pretrained(model_dir,
+                                                                   **(mm_processor_kwargs or {}))
+        self.image_token_id = hf_config.image_token_id
+        self.merge = hf_config.vision_config.spatial_merge_size
+        self.max_images = int((limit_mm_per_prompt or {}).get("image", DEFAULT_IMAGE_LIMIT))
+        self.loader = MediaLoader(policy)
+
+    def load_images(self, urls: list[str]) -> list[LoadedImage]:
+        if len(urls) > self.max_images:
+            raise MediaError(f"at most {self.max_images} images per prompt are allowed "
+                             f"(--limit-mm-per-prompt), got {len(urls)}")
+        return [self.loader.load(u) for u in urls]
+
+    def build(self, token_ids: list[int], images: list[Image.Image | LoadedImage]
+              ) -> MultiModalPrompt:
+        loaded = [i if isinstance(i, LoadedImage) else LoadedImage(i, image_content_hash(i), "pil")
+                  for i in images]
+        if len(loaded) > self.max_images:
+            raise MediaError(f"at most {self.max_images} images per prompt are allowed "
+                             f"(--limit-mm-per-prompt), got {len(loaded)}")
+        processed = [self.image_processor(i.image) for i in loaded]
+        grids = [p.grid_thw for p in processed]
+        expanded = expand_image_tokens(token_ids, self.image_token_id, grids, self.merge)
+        positions, delta = get_mrope_positions(expanded.token_ids, self.image_token_id, grids,
+                                               self.merge)
+        items = [MultiModalItem(content_hash=img.content_hash, offset=start, length=length,
+                                pixel_values=p.pixel_values, grid_thw=p.grid_thw)
+                 for img, p, (start, length) in zip(loaded, processed, expanded.image_ranges)]
+        return MultiModalPrompt(expanded.token_ids, items, (positions, delta))
