@@ -84,6 +84,11 @@ class EngineCore:
         self.runner = self._make_runner()
         self.cache = self._size_kv_cache()
         self.runner.allocate_kv_cache(self.cache.num_blocks)
+        if self.device.type == "cuda":
+            from autoglm_serve.kernels import fused_ops
+            fused_ops.self_check(self.device, self.loaded.dtype)
+            if not config.enforce_eager and self.runner.backend.name == "triton":
+                self.runner.capture_cuda_graphs()
         self.kv = KVCacheManager(self.cache.num_blocks, config.block_size,
                                  config.enable_prefix_caching)
         from autoglm_serve.engine.scheduler import Scheduler

@@ -58,7 +58,8 @@ class LLMEngine:
                 loaded.hf_config, path if path.is_dir() else None, config.mm_processor_kwargs,
                 config.limit_mm_per_prompt,
                 MediaPolicy(local_media_dir=config.allowed_local_media_path,
-                            allowed_domains=tuple(config.allowed_media_domains)))
+                            allowed_domains=tuple(config.allowed_media_domains)),
+                device=self.core.device)
         self._ids = itertools.count()
 
     @property

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -20,10 +21,32 @@ from autoglm_serve.multimodal.encoder_cache import EncoderCache
 
 
 @dataclass
+class HostBatch:
+    batch: list[ScheduledRequest]
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    query_start: torch.Tensor
+    seq_lens: torch.Tensor
+    block_tables: torch.Tensor
+    num_decodes: int
+    max_query_len: int
+    logits_rows: list[int]       # rows whose chunk ends the known tokens: they sample
+    has_images: bool             # some chunk may cover image placeholders
+
+
+@dataclass
 class StepResult:
     requests: list[Request]          # those that sampled a token this step, in row order
     sampled: list[int]
     sampler_output: SamplerOutput
+
+
+def _plain_greedy(req: Request) -> bool:
+    p = req.sampling_params
+    return (p.greedy and p.logprobs is None and p.repetition_penalty == 1.0
+            and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0
+            and req.num_output_tokens >= p.min_tokens)
 
 
 class ModelRunner:
@@ -50,6 +73,7 @@ class ModelRunner:
         self.logits_hook: Callable[[list[Request], torch.Tensor], None] | None = None
         self.encoder_cache = EncoderCache() if hasattr(model, "embed_images") else None
         self.pin = device.type == "cuda"
+        self.graphs = None      # DecodeGraphs once captured (CUDA, triton backend)
 
     # ---- KV cache -------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:
@@ -67,18 +91,19 @@ class ModelRunner:
             self.kv_caches.append(cache)
 
     # ---- inputs ---------------------------------------------------------------------------
-    def _positions(self, req: Request, start: int, end: int) -> torch.Tensor | range:
-        if not self.uses_mrope:
-            return range(start, end)
+    @staticmethod
+    def _mrope_positions(req: Request, start: int, end: int) -> torch.Tensor:
+        """[3, end - start]: the prompt's precomputed rows (images), then text positions
+        shifted by the request's delta."""
         p = req.num_prompt_tokens
         parts = []
-        if start < p and req.mrope_positions is not None:
-            parts.append(req.mrope_positions[:, start:min(end, p)])
-        elif start < p:
-            parts.append(torch.arange(start, min(end, p)).expand(3, -1))
+        if start < p:
+            if req.mrope_positions is not None:
+                parts.append(req.mrope_positions[:, start:min(end, p)])
+            else:
+                parts.append(torch.arange(start, min(end, p)).expand(3, -1))
         if end > p:
-            tail = torch.arange(max(start, p), end) + req.mrope_delta
-            parts.append(tail.expand(3, -1))
+            parts.append((torch.arange(max(start, p), end) + req.mrope_delta).expand(3, -1))
         return torch.cat(parts, dim=1)
 
     def _to_device(self, data, dtype) -> torch.Tensor:
@@ -87,61 +112,98 @@ class ModelRunner:
             return t.pin_memory().to(self.device, non_blocking=True)
         return t.to(self.device)
 
-    def prepare(self, scheduled: list[ScheduledRequest]):
-        # decodes first: the attention contract
+    def prepare_host(self, scheduled: list[ScheduledRequest]) -> HostBatch:
+        """The step's flat inputs on the host, decodes first (the attention contract)."""
         batch = sorted(scheduled, key=lambda s: s.num_new_tokens != 1)
-        input_ids: list[int] = []
-        positions: list = []
-        slots: list[int] = []
-        query_start = [0]
-        seq_lens: list[int] = []
-        tables = torch.zeros(len(batch), self.max_blocks_per_seq, dtype=torch.int32)
-        logits_rows: list[int] = []
+        n_seqs = len(batch)
+        query_lens = np.fromiter((s.num_new_tokens for s in batch), np.int64, n_seqs)
+        query_start = np.zeros(n_seqs + 1, np.int64)
+        np.cumsum(query_lens, out=query_start[1:])
+        num_tokens = int(query_start[-1])
+        input_ids = np.empty(num_tokens, np.int64)
+        slots = np.empty(num_tokens, np.int64)
+        seq_lens = np.empty(n_seqs, np.int32)
+        max_blocks = max(len(s.request.block_ids) for s in batch)
+        tables = np.zeros((n_seqs, max_blocks), np.int32)
+        positions = [] if self.uses_mrope else np.empty(num_tokens, np.int64)
         bs = self.block_size
+        logits_rows = []
+        has_images = False
         for i, s in enumerate(batch):
             req, n = s.request, s.num_new_tokens
             start, end = req.num_computed_tokens, req.num_computed_tokens + n
-            input_ids.extend(req.all_token_ids[start:end])
-            positions.append(self._positions(req, start, end))
+            q0 = query_start[i]
             blocks = req.block_ids
-            slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, end))
-            query_start.append(query_start[-1] + n)
-            seq_lens.append(end)
-            tables[i, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+            tables[i, :len(blocks)] = blocks
+            if n == 1:
+                input_ids[q0] = req.all_token_ids[start]
+                slots[q0] = blocks[start // bs] * bs + start % bs
+            else:
+                input_ids[q0:q0 + n] = req.all_token_ids[start:end]
+                pos = np.arange(start, end)
+                slots[q0:q0 + n] = tables[i, pos // bs].astype(np.int64) * bs + pos % bs
+            if self.uses_mrope:
+                positions.append(self._mrope_positions(req, start, end))
+            else:
+                positions[q0:q0 + n] = np.arange(start, end)
+            seq_lens[i] = end
+            has_images = has_images or (bool(req.mm_items) and start < req.num_prompt_tokens)
             if s.samples:
                 logits_rows.append(i)
-        num_decodes = sum(1 for s in batch if s.num_new_tokens == 1)
         if self.uses_mrope:
-            pos = torch.cat(positions, dim=1)
-        else:
-            pos = [p for r in positions for p in r]
-        qsl_cpu = torch.tensor(query_start, dtype=torch.int32)
-        seq_lens_cpu = torch.tensor(seq_lens, dtype=torch.int32)
+            positions = torch.cat(positions, dim=1).numpy()
+        num_decodes = int((query_lens == 1).sum())
+        return HostBatch(batch, torch.from_numpy(input_ids), torch.from_numpy(positions),
+                         torch.from_numpy(slots), torch.from_numpy(query_start.astype(np.int32)),
+                         torch.from_numpy(seq_lens), torch.from_numpy(tables), num_decodes,
+                         int(query_lens.max()), logits_rows, has_images)
+
+    def to_device(self, hb: HostBatch):
         meta = AttentionMetadata(
-            num_seqs=len(batch), num_decodes=num_decodes, num_tokens=len(input_ids),
-            max_query_len=max(s.num_new_tokens for s in batch), max_seq_len=max(seq_lens),
-            query_start_loc=self._to_device(qsl_cpu, torch.int32),
-            seq_lens=self._to_device(seq_lens_cpu, torch.int32),
-            block_tables=self._to_device(tables, torch.int32),
-            slot_mapping=self._to_device(slots, torch.int64),
-            query_start_loc_cpu=qsl_cpu, seq_lens_cpu=seq_lens_cpu)
-        ids = self._to_device(input_ids, torch.int64)
-        pos = self._to_device(pos, torch.int64)
-        logits_index = self._to_device([query_start[i + 1] - 1 for i in logits_rows], torch.int64)
-        return batch, ids, pos, meta, logits_rows, logits_index
+            num_seqs=len(hb.batch), num_decodes=hb.num_decodes, num_tokens=len(hb.input_ids),
+            max_query_len=hb.max_query_len, max_seq_len=int(hb.seq_lens.max()),
+            query_start_loc=self._to_device(hb.query_start, torch.int32),
+            seq_lens=self._to_device(hb.seq_lens, torch.int32),
+            block_tables=self._to_device(hb.block_tables, torch.int32),
+            slot_mapping=self._to_device(hb.slot_mapping, torch.int64),
+            query_start_loc_cpu=hb.query_start, seq_lens_cpu=hb.seq_lens)
+        ids = self._to_device(hb.input_ids, torch.int64)
+        pos = self._to_device(hb.positions, torch.int64)
+        logits_index = self._to_device(hb.query_start[1:][hb.logits_rows].long() - 1, torch.int64)
+        return ids, pos, meta, logits_index
 
     # ---- step -----------------------------------------------------------------------------
+    def capture_cuda_graphs(self) -> None:
+        from autoglm_serve.engine.cuda_graphs import DecodeGraphs
+        self.graphs = DecodeGraphs(self.model, self.device, self.max_num_seqs,
+                                   self.max_blocks_per_seq, self.uses_mrope)
+        self.graphs.capture(self.max_model_len)
+
+    def _logits(self, hb: HostBatch) -> torch.Tensor | None:
+        n = len(hb.batch)
+        if (self.graphs is not None and hb.num_decodes == n and n <= self.graphs.max_size
+                and not hb.has_images):
+            return self.graphs.run(n, hb.input_ids, hb.positions, hb.slot_mapping, hb.seq_lens,
+                                   hb.block_tables)
+        ids, pos, meta, logits_index = self.to_device(hb)
+        inputs_embeds = self.multimodal_embeddings(hb.batch, ids)
+        hidden = self.model(ids, pos, meta, inputs_embeds=inputs_embeds)
+        if not hb.logits_rows:
+            return None
+        return self.model.compute_logits(hidden[logits_index])
+
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest]) -> StepResult:
-        batch, ids, pos, meta, logits_rows, logits_index = self.prepare(scheduled)
-        inputs_embeds = self.multimodal_embeddings(batch, ids)
-        hidden = self.model(ids, pos, meta, inputs_embeds=inputs_embeds)
-        sampling = [batch[i].request for i in logits_rows]
-        if not sampling:
+        hb = self.prepare_host(scheduled)
+        logits = self._logits(hb)
+        if logits is None:
             return StepResult([], [], None)
-        logits = self.model.compute_logits(hidden[logits_index])
+        sampling = [hb.batch[i].request for i in hb.logits_rows]
         if self.logits_hook is not None:
             self.logits_hook(sampling, logits)
+        if all(_plain_greedy(r) for r in sampling):
+            # the common agent/benchmark case: no per-row tensors to build, one argmax
+            return StepResult(sampling, logits.argmax(dim=-1).tolist(), None)
         rows = [SamplingRow(r.sampling_params, r.prompt_token_ids, r.output_token_ids,
                             r.generator, r.eos_token_ids) for r in sampling]
         out = self.sampler(logits, SamplingBatch.build(rows, logits.shape[-1], logits.device))

@@ -27,12 +27,12 @@ class Glm4DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype)
         self.post_mlp_layernorm = RMSNorm(config.hidden_size, eps, dtype)
 
-    def forward(self, positions, hidden, residual, meta):
+    def forward(self, rope, hidden, residual, meta):
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.post_self_attn_layernorm(self.self_attn(positions, hidden, meta))
+        hidden = self.post_self_attn_layernorm(self.self_attn(rope, hidden, meta))
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.post_mlp_layernorm(self.mlp(hidden)), residual
 
@@ -49,5 +49,5 @@ class Glm4ForCausalLM(CausalLM):
     def __init__(self, config, linear_method=None, dtype=None, rotary: RotaryEmbedding | None = None):
         rotary = rotary or glm4_rotary(config)
         model = DecoderModel(config, lambda: Glm4DecoderLayer(config, rotary, linear_method, dtype),
-                             dtype)
+                             dtype, rotary)
         super().__init__(config, model, dtype)

@@ -38,10 +38,10 @@ class SelfAttention(nn.Module):
         self.attn = Attention(self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, self.head_dim,
                               scale=self.head_dim ** -0.5)
 
-    def forward(self, positions, hidden, meta: AttentionMetadata):
+    def forward(self, rope, hidden, meta: AttentionMetadata):
         qkv = self.qkv_proj(hidden)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = self.rotary_emb(positions, q, k)
+        q, k = self.rotary_emb.apply(q, k, *rope)
         return self.o_proj(self.attn(q, k, v, meta))
 
 
@@ -67,12 +67,12 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
 
-    def forward(self, positions, hidden, residual, meta):
+    def forward(self, rope, hidden, residual, meta):
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, meta)
+        hidden = self.self_attn(rope, hidden, meta)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -80,8 +80,9 @@ class LlamaDecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     """Embedding, a stack of decoder layers passing (hidden, residual), final norm."""
 
-    def __init__(self, config, layer_factory, dtype):
+    def __init__(self, config, layer_factory, dtype, rotary: RotaryEmbedding):
         super().__init__()
+        self.rotary = rotary     # shared by all layers: cos/sin computed once per forward
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype)
         self.layers = nn.ModuleList([layer_factory() for _ in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
@@ -89,8 +90,9 @@ class DecoderModel(nn.Module):
     def forward(self, input_ids, positions, meta, inputs_embeds=None):
         hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         residual = None
+        rope = self.rotary.cos_sin(positions)
         for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual, meta)
+            hidden, residual = layer(rope, hidden, residual, meta)
         return self.norm(hidden, residual)[0]
 
 
@@ -134,5 +136,5 @@ class LlamaForCausalLM(CausalLM):
         rotary = RotaryEmbedding(hd, hd, config.max_position_embeddings, rope["rope_theta"],
                                  interleaved=False)
         model = DecoderModel(config, lambda: LlamaDecoderLayer(config, rotary, linear_method, dtype),
-                             dtype)
+                             dtype, rotary)
         super().__init__(config, model, dtype)

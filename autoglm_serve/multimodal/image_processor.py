@@ -125,24 +125,33 @@ class Glm4vImageProcessor:
         h, w = self.target_size(height, width)
         return (h // self.config.patch_size) * (w // self.config.patch_size) // self.config.merge_size ** 2
 
-    def __call__(self, image: Image.Image) -> ProcessedImage:
+    def __call__(self, image: Image.Image, device: torch.device | str | None = None
+                 ) -> ProcessedImage:
+        """PIL resize on the host (for pixels identical to transformers'), then scaling,
+        normalization and patch layout in torch: on ``device`` when given (a GPU does the
+        ~15M-element shuffle of a phone screenshot in well under a millisecond)."""
         c = self.config
         rgb = to_rgb(image)
         h, w = self.target_size(rgb.height, rgb.width)
         resized = rgb.resize((w, h), resample=c.resample)
-        pixels = (np.asarray(resized).astype(np.float64) * c.rescale_factor).astype(np.float32)
-        pixels = (pixels - np.asarray(c.image_mean, np.float32)) / np.asarray(c.image_std, np.float32)
-        pixels = pixels.transpose(2, 0, 1)                      # C, H, W
+        pixels = torch.from_numpy(np.array(resized))                 # H, W, C uint8
+        if device is not None:
+            pixels = pixels.to(device, non_blocking=False)
+        # float64 scaling then float32, as transformers does (x / 255 rounded once)
+        pixels = (pixels.double() * c.rescale_factor).float()
+        mean = torch.tensor(c.image_mean, dtype=torch.float32, device=pixels.device)
+        std = torch.tensor(c.image_std, dtype=torch.float32, device=pixels.device)
+        pixels = ((pixels - mean) / std).permute(2, 0, 1)          # C, H, W
 
         p, m, tp = c.patch_size, c.merge_size, c.temporal_patch_size
         channels = pixels.shape[0]
         gh, gw = h // p, w // p
         patches = pixels.reshape(channels, gh // m, m, p, gw // m, m, p)
-        patches = patches.transpose(1, 4, 2, 5, 0, 3, 6)        # gh/m, gw/m, m, m, C, p, p
-        patches = np.broadcast_to(patches[:, :, :, :, :, None], (*patches.shape[:5], tp, p, p))
-        flat = np.ascontiguousarray(patches).reshape(gh * gw, channels * tp * p * p)
+        patches = patches.permute(1, 4, 2, 5, 0, 3, 6)             # gh/m, gw/m, m, m, C, p, p
+        patches = patches.unsqueeze(5).expand(*patches.shape[:5], tp, p, p)
+        flat = patches.reshape(gh * gw, channels * tp * p * p)
         return ProcessedImage(
-            pixel_values=torch.from_numpy(flat),
+            pixel_values=flat,
             grid_thw=(1, gh, gw),
             num_tokens=gh * gw // (m * m),
             resized_hw=(h, w),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from PIL import Image
 
 from autoglm_serve.engine.request import MultiModalItem
@@ -62,7 +63,10 @@ def split_images(messages: list[dict]) -> tuple[list[dict], list[str]]:
 
 class MultiModalProcessor:
     def __init__(self, hf_config, model_dir, mm_processor_kwargs: dict | None = None,
-                 limit_mm_per_prompt: dict | None = None, policy: MediaPolicy | None = None):
+                 limit_mm_per_prompt: dict | None = None, policy: MediaPolicy | None = None,
+                 device=None):
+        self.device = device if device is not None and torch.device(device).type == "cuda" \
+            else None
         self.image_processor = Glm4vImageProcessor.from_pretrained(model_dir,
                                                                    **(mm_processor_kwargs or {}))
         self.image_token_id = hf_config.image_token_id
@@ -83,7 +87,7 @@ class MultiModalProcessor:
         if len(loaded) > self.max_images:
             raise MediaError(f"at most {self.max_images} images per prompt are allowed "
                              f"(--limit-mm-per-prompt), got {len(loaded)}")
-        processed = [self.image_processor(i.image) for i in loaded]
+        processed = [self.image_processor(i.image, self.device) for i in loaded]
         grids = [p.grid_thw for p in processed]
         expanded = expand_image_tokens(token_ids, self.image_token_id, grids, self.merge)
         positions, delta = get_mrope_positions(expanded.token_ids, self.image_token_id, grids,

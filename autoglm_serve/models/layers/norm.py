@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from autoglm_serve.kernels import fused_ops_enabled
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype | None = None):
@@ -19,6 +21,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """Without residual: norm(x). With it: (norm(x + residual), x + residual)."""
+        if x.is_cuda and fused_ops_enabled():
+            from autoglm_serve.kernels import fused_ops
+            return fused_ops.rms_norm(x, self.weight, self.eps, residual)
         if residual is None:
             return self._norm(x)
         x = x + residual

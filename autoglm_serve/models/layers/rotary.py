@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from autoglm_serve.kernels import fused_ops_enabled
+
 
 class RotaryEmbedding(nn.Module):
     """Rotates the first ``rotary_dim`` features of every head.
@@ -30,8 +32,20 @@ class RotaryEmbedding(nn.Module):
         return self.cos_cache[positions], self.sin_cache[positions]
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        cos, sin = self.cos_sin(positions)
+        return self.apply(q, k, *self.cos_sin(positions))
+
+    def apply(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Rotates q [T, H*D] and k [T, Hkv*D] with cos/sin computed once per forward."""
+        if q.is_cuda and fused_ops_enabled() and self._fusable:
+            from autoglm_serve.kernels import fused_ops
+            return (fused_ops.rotary_(q, cos, sin, self.head_dim, self.interleaved),
+                    fused_ops.rotary_(k, cos, sin, self.head_dim, self.interleaved))
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+    @property
+    def _fusable(self) -> bool:
+        half = self.rotary_dim // 2
+        return half & (half - 1) == 0
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]

@@ -1,0 +1,67 @@
+"""Fused elementwise kernels against the PyTorch layers they replace: on CUDA compiled, on CPU
+in the Triton interpreter (conftest sets TRITON_INTERPRET=1 where there is no GPU)."""
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+from autoglm_serve.kernels import fused_ops  # noqa: E402
+from autoglm_serve.models.layers.activation import SiluAndMul  # noqa: E402
+from autoglm_serve.models.layers.norm import RMSNorm  # noqa: E402
+from autoglm_serve.models.layers.rotary import RotaryEmbedding  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and not triton.knobs.runtime.interpret:
+    pytest.skip("no GPU and triton not in interpreter mode", allow_module_level=True)
+DTYPES = [torch.float32] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def tol(dtype):
+    return 1e-5 if dtype == torch.float32 else 1e-2
+
+
+@pytest.fixture(autouse=True)
+def reference_path():
+    """The modules' own forward must take the PyTorch path for the reference."""
+    fused_ops.ENABLED = False
+    yield
+    fused_ops.ENABLED = True
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [64, 96, 4096])
+def test_rms_norm(dtype, hidden):
+    x = torch.randn(5, hidden, dtype=dtype, device=DEVICE)
+    r = torch.randn_like(x)
+    norm = RMSNorm(hidden, 1e-5, dtype).to(DEVICE)
+    norm.weight.data.uniform_(0.5, 1.5)
+    ref_out, ref_res = norm(x, r)
+    out, res = fused_ops.rms_norm(x, norm.weight, 1e-5, r)
+    assert rel(out, ref_out) < tol(dtype) and rel(res, ref_res) < tol(dtype)
+    assert rel(fused_ops.rms_norm(x, norm.weight, 1e-5), norm(x)) < tol(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [16, 100, 1500])
+def test_silu_and_mul(dtype, d):
+    x = torch.randn(3, 2 * d, dtype=dtype, device=DEVICE)
+    assert rel(fused_ops.silu_and_mul(x), SiluAndMul()(x)) < tol(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleaved,head_dim,rotary_dim", [(True, 128, 64), (False, 64, 64),
+                                                             (True, 16, 8)])
+def test_rotary_in_place_on_strided_views(dtype, interleaved, head_dim, rotary_dim):
+    rot = RotaryEmbedding(head_dim, rotary_dim, 512, 10000.0, interleaved).to(DEVICE)
+    pos = torch.randint(0, 512, (6,), device=DEVICE)
+    heads, kv_heads = 4, 2
+    qkv = torch.randn(6, (heads + 2 * kv_heads) * head_dim, dtype=dtype, device=DEVICE)
+    q, k, _ = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    ref_q, ref_k = rot(pos, q.clone(), k.clone())
+    cos, sin = rot.cos_sin(pos)
+    fused_ops.rotary_(q, cos, sin, head_dim, interleaved)
+    fused_ops.rotary_(k, cos, sin, head_dim, interleaved)
+    assert rel(q, ref_q) < tol(dtype) and rel(k, ref_k) < tol(dtype)
