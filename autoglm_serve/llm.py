@@ -63,7 +63,7 @@ class LLM:
             for prepare, params in items:
                 prompt = prepare()
                 rid = engine.next_request_id()
-                engine.add_request(rid, prompt, params)
+                engine.add_request(rid, prompt, params, final_only=True)
                 ids.append(rid)
         except Exception:
             for rid in ids:   # a bad prompt fails the call, not the engine

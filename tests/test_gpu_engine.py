@@ -1,5 +1,5 @@
-"""The GPU fast path (Triton attention + decode CUDA graphs) against the PyTorch reference
-backend on the same weights, for a mixed batch. Runs only where CUDA is present."""
+"""The GPU fast path (Triton attention, fused kernels, decode CUDA graphs) against the PyTorch
+reference backend in eager mode, same weights, a mixed batch. Runs only where CUDA is present."""
 import pytest
 import torch
 
@@ -12,28 +12,45 @@ PROMPTS = [[3 + i % 200 for i in range(n)] for n in (1, 7, 40, 130, 300)] + [[9,
 STEPS = 16
 
 
-def run(path, backend, eager, hook_store):
-    llm = LLM(str(path), skip_tokenizer_init=True, dtype="bfloat16", attention_backend=backend,
+def run(path, dtype, backend, eager, store):
+    llm = LLM(str(path), skip_tokenizer_init=True, dtype=dtype, attention_backend=backend,
               enforce_eager=eager, block_size=16, max_num_batched_tokens=128,
               kv_cache_memory_gib=1, max_num_seqs=32)
     llm.engine.core.runner.logits_hook = lambda reqs, logits: [
-        hook_store.setdefault(r.request_id, []).append(logits[i].float().cpu())
+        store.setdefault(r.request_id, []).append(logits[i].float().cpu())
         for i, r in enumerate(reqs)]
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True))
-    return llm, [o.outputs[0].token_ids for o in outs], [o.request_id for o in outs]
+    return llm, [(o.request_id, o.outputs[0].token_ids) for o in outs]
+
+
+def rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
 
 
 @pytest.mark.parametrize("arch", ["llama", "glm4"])
-def test_fast_path_matches_reference(tmp_path, arch):
+def test_fast_path_matches_reference_fp32(tmp_path, arch):
+    """In float32 every kernel is exact up to summation order: tokens identical at every step."""
     path, _ = build_tiny_decoder(tmp_path / arch, arch, vocab_size=256)
     ref_logits, fast_logits = {}, {}
-    _, ref_tokens, ref_ids = run(path, "torch", True, ref_logits)
-    llm, fast_tokens, fast_ids = run(path, "triton", False, fast_logits)
-    assert llm.engine.core.runner.graphs is not None   # decode steps replayed graphs
-    for rid_ref, rid_fast, a, b in zip(ref_ids, fast_ids, ref_tokens, fast_tokens):
-        assert a[:4] == b[:4]
-        # compare logits while both paths agree on the tokens (same inputs)
+    _, ref = run(path, "float32", "torch", True, ref_logits)
+    llm, fast = run(path, "float32", "triton", False, fast_logits)
+    assert llm.engine.core.runner.graphs is not None
+    for (rid_a, a), (rid_b, b) in zip(ref, fast):
+        assert a == b
+        for x, y in zip(ref_logits[rid_a], fast_logits[rid_b]):
+            assert rel(y, x) < 1e-3
+
+
+@pytest.mark.parametrize("arch", ["llama", "glm4"])
+def test_fast_path_matches_reference_bf16(tmp_path, arch):
+    """In bf16 rounding differs between paths: logits within bf16 tolerance while the tokens
+    agree, and the first tokens identical."""
+    path, _ = build_tiny_decoder(tmp_path / arch, arch, vocab_size=256)
+    ref_logits, fast_logits = {}, {}
+    _, ref = run(path, "bfloat16", "torch", True, ref_logits)
+    _, fast = run(path, "bfloat16", "triton", False, fast_logits)
+    for (rid_a, a), (rid_b, b) in zip(ref, fast):
+        assert a[0] == b[0]
         agree = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
-        for x, y in zip(ref_logits[rid_ref][:agree + 1], fast_logits[rid_fast][:agree + 1]):
-            rel = ((x - y).norm() / x.norm()).item()
-            assert rel < 2e-2, rel
+        for x, y in zip(ref_logits[rid_a][:agree + 1], fast_logits[rid_b][:agree + 1]):
+            assert rel(y, x) < 3e-2

@@ -102,9 +102,9 @@ class LLMEngine:
         return f"req-{next(self._ids)}"
 
     def add_request(self, request_id: str, prompt: PreparedPrompt, params: SamplingParams,
-                    delta: bool = False) -> None:
+                    delta: bool = False, final_only: bool = False) -> None:
         requests = self.input_processor.make_requests(request_id, prompt, params)
-        self.output_processor.add(request_id, prompt.text, requests, delta)
+        self.output_processor.add(request_id, prompt.text, requests, delta, final_only)
         for r in requests:
             self.core.add_request(r)
 

@@ -31,6 +31,7 @@ class RequestState:
     prompt_token_ids: list[int]
     children: dict[str, _Child]
     delta: bool                       # streaming: each output carries only what is new
+    final_only: bool                  # offline: one output, when the request finishes
     metrics: RequestMetrics
     num_cached_tokens: int = 0
     core_requests: list[Request] = field(default_factory=list)
@@ -47,7 +48,7 @@ class OutputProcessor:
         self.child_to_parent: dict[str, str] = {}
 
     def add(self, request_id: str, prompt: str | None, requests: list[Request],
-            delta: bool = False) -> RequestState:
+            delta: bool = False, final_only: bool = False) -> RequestState:
         params = requests[0].sampling_params
         children = {}
         for i, req in enumerate(requests):
@@ -62,6 +63,7 @@ class OutputProcessor:
                                               else None)
             self.child_to_parent[req.request_id] = request_id
         state = RequestState(request_id, prompt, requests[0].prompt_token_ids, children, delta,
+                             final_only,
                              RequestMetrics(arrival_time=requests[0].arrival_time),
                              core_requests=requests)
         self.states[request_id] = state
@@ -103,7 +105,8 @@ class OutputProcessor:
             if child.finish_reason is None and out.finish_reason is not None:
                 child.finish_reason, child.stop_reason = out.finish_reason, out.stop_reason
             touched[parent] = state
-        results = [self._make_output(s) for s in touched.values()]
+        results = [self._make_output(s) for s in touched.values()
+                   if s.finished or not s.final_only]
         for s in touched.values():
             if s.finished:
                 s.metrics.finished_time = now

@@ -66,8 +66,11 @@ class VisionAttention(nn.Module):
         The one place to swap in a varlen kernel (flash-attn style cu_seqlens)."""
         out = torch.empty_like(q)
         for start, end in zip(cu_seqlens[:-1], cu_seqlens[1:]):
-            seg = [t[start:end].transpose(0, 1) for t in (q, k, v)]   # heads, L, D
-            out[start:end] = F.scaled_dot_product_attention(*seg).transpose(0, 1)
+            # 4-D [1, heads, L, D]: SDPA's flash and memory-efficient kernels take only 4-D
+            # inputs; 3-D ones fall back to the math path, which materializes the L x L scores
+            # (12k x 12k per head for a phone screenshot: ~15x slower on an H200).
+            seg = [t[start:end].transpose(0, 1).unsqueeze(0) for t in (q, k, v)]
+            out[start:end] = F.scaled_dot_product_attention(*seg)[0].transpose(0, 1)
         return out
 
 
