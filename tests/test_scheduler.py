@@ -1,0 +1,109 @@
+"""Scheduler decisions, driven by hand: budgets, order, preemption, aborts."""
+from autoglm_serve.engine.kv_cache import KVCacheManager
+from autoglm_serve.engine.request import Request, RequestStatus
+from autoglm_serve.engine.scheduler import Scheduler
+from autoglm_serve.sampling_params import SamplingParams
+
+BS = 4
+
+
+def make_request(rid: str, prompt_len: int, first_token: int = 0) -> Request:
+    return Request(rid, list(range(first_token, first_token + prompt_len)), SamplingParams(),
+                   frozenset(), max_tokens=64)
+
+
+def make_scheduler(num_blocks=64, budget=16, max_num_seqs=8, chunked=True) -> Scheduler:
+    kv = KVCacheManager(num_blocks, BS, enable_prefix_caching=False)
+    return Scheduler(kv, max_num_seqs, budget, chunked)
+
+
+def step(s: Scheduler, sampled_token: int = 7) -> dict[str, int]:
+    """One schedule + 'model run': requests that reach their last token get one new token."""
+    out = s.schedule()
+    s.update_after_step(out.scheduled)
+    for sr in out.scheduled:
+        if sr.request.num_computed_tokens == sr.request.num_tokens:
+            sr.request.append_token(sampled_token)
+    return {sr.request.request_id: sr.num_new_tokens for sr in out.scheduled}
+
+
+def test_decodes_first_then_prefill_chunks_under_the_budget():
+    s = make_scheduler(budget=16)
+    short, long = make_request("short", 5), make_request("long", 30, 100)
+    s.add(short)
+    s.add(long)
+    assert step(s) == {"short": 5, "long": 11}             # long prompt chunked
+    s.add(make_request("late", 4, 200))
+    out = s.schedule()
+    # the decode comes first in the batch, then the prefill chunk fills the rest
+    assert [(x.request.request_id, x.num_new_tokens) for x in out.scheduled] == \
+        [("short", 1), ("long", 15)]
+    assert out.num_batched_tokens == 16
+    assert not out.scheduled[1].samples                     # mid-prompt chunk: no token
+    s.update_after_step(out.scheduled)
+    short.append_token(7)
+    assert step(s) == {"short": 1, "long": 4, "late": 4}    # long's last 4, then the newcomer
+    assert long.num_output_tokens == 1 and not s.waiting
+
+
+def test_max_num_seqs_is_respected():
+    s = make_scheduler(budget=64, max_num_seqs=2)
+    reqs = [make_request(f"r{i}", 3, 10 * i) for i in range(3)]
+    for r in reqs:
+        s.add(r)
+    assert set(step(s)) == {"r0", "r1"}
+    assert set(step(s)) == {"r0", "r1"}
+    s.finish(reqs[0], RequestStatus.FINISHED_STOPPED)
+    assert set(step(s)) == {"r1", "r2"}
+
+
+def test_without_chunked_prefill_only_whole_prompts_are_scheduled():
+    s = make_scheduler(budget=16, chunked=False)
+    s.add(make_request("a", 10))
+    s.add(make_request("b", 10, 50))
+    assert step(s) == {"a": 10}                             # b does not fit whole: waits
+    assert step(s) == {"a": 1, "b": 10}
+    chunked = make_scheduler(budget=16, chunked=True)
+    chunked.add(make_request("a", 10))
+    chunked.add(make_request("b", 10, 50))
+    assert step(chunked) == {"a": 10, "b": 6}
+
+
+def test_preemption_picks_latest_arrival_and_requeues_it_first():
+    s = make_scheduler(num_blocks=4, budget=64)
+    first, second, third = make_request("first", 7), make_request("second", 7, 20), \
+        make_request("third", 3, 40)
+    s.add(first)
+    s.add(second)
+    assert step(s) == {"first": 7, "second": 7}             # 2 blocks each: cache full
+    s.add(third)
+    assert step(s) == {"first": 1, "second": 1}             # token 8 fits in block 2
+    out = s.schedule()                                      # token 9 needs a 3rd block each
+    assert out.preempted == [second]
+    assert [x.request.request_id for x in out.scheduled] == ["first"]
+    assert second.status == RequestStatus.WAITING and second.num_computed_tokens == 0
+    assert second.block_ids == [] and second.num_preemptions == 1 and s.num_preemptions == 1
+    assert list(s.waiting) == [second, third]               # ahead of the later arrival
+    assert second.output_token_ids == [7, 7]                # its tokens are kept, recomputed
+    assert len(first.block_ids) == 3 and s.kv.num_free_blocks == 1
+
+
+def test_abort_frees_blocks_of_waiting_and_running_requests():
+    s = make_scheduler(num_blocks=16, budget=8)
+    running, prefilling, waiting = make_request("run", 6), make_request("pre", 20, 30), \
+        make_request("wait", 5, 60)
+    s.add(running)
+    s.add(prefilling)
+    step(s)                                                 # run: 6, pre: first 2 tokens
+    s.add(waiting)
+    step(s)                                                 # run decodes, pre gets 7 more
+    assert prefilling.status == RequestStatus.RUNNING
+    assert 0 < prefilling.num_computed_tokens < prefilling.num_prompt_tokens
+    assert waiting.status == RequestStatus.WAITING
+    for r in (waiting, prefilling, running):
+        s.finish(r, RequestStatus.FINISHED_ABORTED)
+        assert r.status == RequestStatus.FINISHED_ABORTED and r.block_ids == []
+    assert s.kv.num_free_blocks == s.kv.num_blocks
+    assert not s.has_unfinished() and s.schedule().is_empty
+    s.finish(running, RequestStatus.FINISHED_ABORTED)      # twice is harmless
+    assert s.kv.num_free_blocks == s.kv.num_blocks
