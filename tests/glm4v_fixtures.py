@@ -13,39 +13,12 @@ from pathlib import Path
 
 import torch
 
-# GLM's special tokens in the order of their real ids (151329 ...); the first 16 keep the real
-# relative layout, the thinking/answer tags follow. In the tiny vocab they start at BASE_VOCAB.
-SPECIAL_TOKENS = [
-    "<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>",
-    "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>",
-    "<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>", "<|end_of_video|>",
-    "<|image|>", "<|video|>",
-    "<think>", "</think>", "<answer>", "</answer>",
-]
+from autoglm_serve.models.configs.glm_tokenizer import (CHAT_TEMPLATE, SPECIAL_TOKENS,
+                                                       byte_level_glm_tokenizer)
+
 BASE_VOCAB = 256                                   # one token per byte, no merges
 TINY_VOCAB = BASE_VOCAB + len(SPECIAL_TOKENS)      # specials are the last ids
 SPECIAL_IDS = {tok: BASE_VOCAB + i for i, tok in enumerate(SPECIAL_TOKENS)}
-
-CHAT_TEMPLATE = """[gMASK]<sop>
-{%- for msg in messages %}
-{%- if msg.role == 'system' %}<|system|>
-{% if msg.content is string %}{{ msg.content }}{% else %}{% for item in msg.content %}{% if item.type == 'text' %}{{ item.text }}{% endif %}{% endfor %}{% endif %}
-{%- elif msg.role == 'user' %}<|user|>
-{% if msg.content is string %}{{ msg.content }}{% else %}{% for item in msg.content %}
-{%- if item.type in ('image', 'image_url') or 'image' in item %}<|begin_of_image|><|image|><|end_of_image|>
-{%- elif item.type == 'text' %}{{ item.text }}{% endif %}
-{%- endfor %}{% endif %}
-{%- elif msg.role == 'assistant' %}
-{%- set content = msg.content if msg.content is string else '' %}
-{%- if '</think>' in content %}{% set content = content.split('</think>')[-1].lstrip('\\n') %}{% endif %}
-{{- '<|assistant|>\\n' + content }}
-{%- elif msg.role in ('tool', 'observation') %}<|observation|>
-{{ msg.content }}
-{%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}<|assistant|>
-{% if enable_thinking is defined and not enable_thinking %}<think></think>
-{% endif %}{% endif %}"""
 
 
 def tiny_glm4v_config():
@@ -79,25 +52,8 @@ def tiny_glm4v_config():
 
 
 def tiny_tokenizer():
-    """Byte-level BPE without merges: any text round-trips, ids 0..255 are bytes, specials after."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    assert len(alphabet) == BASE_VOCAB
-    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-        additional_special_tokens=SPECIAL_TOKENS,
-        padding_side="left",
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    got = fast.convert_tokens_to_ids(SPECIAL_TOKENS)
-    assert got == [SPECIAL_IDS[t] for t in SPECIAL_TOKENS], got
-    return fast
+    """Byte-level, no merges: any text round-trips, ids 0..255 are bytes, GLM's specials after."""
+    return byte_level_glm_tokenizer(first_special_id=BASE_VOCAB)
 
 
 PREPROCESSOR_CONFIG = {

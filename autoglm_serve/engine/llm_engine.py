@@ -40,8 +40,7 @@ class LLMEngine:
         self.config = config
         self.core = EngineCore(config, loaded)
         loaded = self.core.loaded
-        self.tokenizer = None if config.skip_tokenizer_init else \
-            load_tokenizer(loaded.resolved.path, config.tokenizer)
+        self.tokenizer = None if config.skip_tokenizer_init else self._load_tokenizer(loaded)
         if config.chat_template and self.tokenizer is not None:
             self.tokenizer.chat_template = config.chat_template
         self.input_processor = InputProcessor(
@@ -61,6 +60,15 @@ class LLMEngine:
                             allowed_domains=tuple(config.allowed_media_domains)),
                 device=self.core.device)
         self._ids = itertools.count()
+
+    def _load_tokenizer(self, loaded):
+        from autoglm_serve.engine.model_setup import is_builtin
+        if self.config.tokenizer is None and is_builtin(loaded.resolved.path):
+            # the packaged architecture has no tokenizer files: GLM's special tokens and chat
+            # template over byte-level text (models/configs/glm_tokenizer.py)
+            from autoglm_serve.models.configs.glm_tokenizer import byte_level_glm_tokenizer
+            return byte_level_glm_tokenizer()
+        return load_tokenizer(loaded.resolved.path, self.config.tokenizer)
 
     @property
     def model_name(self) -> str:

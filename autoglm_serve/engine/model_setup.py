@@ -24,6 +24,10 @@ BUILTIN_CONFIGS = {"autoglm-phone-9b": Path(__file__).parent.parent / "models" /
                    / "autoglm-phone-9b"}
 
 
+def is_builtin(path: Path) -> bool:
+    return any(path.resolve() == p.resolve() for p in BUILTIN_CONFIGS.values())
+
+
 @dataclass
 class LoadedModel:
     model: nn.Module

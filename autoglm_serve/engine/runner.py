@@ -192,8 +192,15 @@ class ModelRunner:
             return None
         return self.model.compute_logits(hidden[logits_index])
 
+    def bind_kv_cache(self) -> None:
+        """Points the attention layers at this runner's cache (engines may share one model)."""
+        for layer, cache in zip(self.attention_layers, self.kv_caches):
+            layer.kv_cache = cache
+            layer.backend = self.backend
+
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest]) -> StepResult:
+        self.bind_kv_cache()
         hb = self.prepare_host(scheduled)
         logits = self._logits(hb)
         if logits is None:
