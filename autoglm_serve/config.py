@@ -29,6 +29,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None          # exact block count (tests, tuning)
     seed: int = 0
     enforce_eager: bool = False
+    async_scheduling: bool = True             # prepare step N+1 while the device runs step N
     tensor_parallel_size: int = 1
     quantization: str | None = None
     attention_backend: str = "auto"           # auto | torch | triton

@@ -20,10 +20,10 @@ def make_scheduler(num_blocks=64, budget=16, max_num_seqs=8, chunked=True) -> Sc
 def step(s: Scheduler, sampled_token: int = 7) -> dict[str, int]:
     """One schedule + 'model run': requests that reach their last token get one new token."""
     out = s.schedule()
-    s.update_after_step(out.scheduled)
+    s.update_after_launch(out.scheduled)
     for sr in out.scheduled:
-        if sr.request.num_computed_tokens == sr.request.num_tokens:
-            sr.request.append_token(sampled_token)
+        if sr.request.num_inflight:
+            sr.request.land_token(sampled_token)
     return {sr.request.request_id: sr.num_new_tokens for sr in out.scheduled}
 
 
@@ -40,8 +40,8 @@ def test_decodes_first_then_prefill_chunks_under_the_budget():
         [("short", 1), ("long", 15)]
     assert out.num_batched_tokens == 16
     assert not out.scheduled[1].samples                     # mid-prompt chunk: no token
-    s.update_after_step(out.scheduled)
-    short.append_token(7)
+    s.update_after_launch(out.scheduled)
+    short.land_token(7)
     assert step(s) == {"short": 1, "long": 4, "late": 4}    # long's last 4, then the newcomer
     assert long.num_output_tokens == 1 and not s.waiting
 

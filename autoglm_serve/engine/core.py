@@ -16,7 +16,7 @@ from autoglm_serve.config import EngineConfig
 from autoglm_serve.engine.kv_cache import KVCacheManager
 from autoglm_serve.engine.model_setup import LoadedModel, load_model, text_config
 from autoglm_serve.engine.request import Request, RequestStatus
-from autoglm_serve.engine.runner import ModelRunner
+from autoglm_serve.engine.runner import InFlightStep, ModelRunner
 from autoglm_serve.engine.sampler import SamplerOutput
 from autoglm_serve.models.layers.attention import AttentionBackend
 
@@ -93,7 +93,8 @@ class EngineCore:
                                  config.enable_prefix_caching)
         from autoglm_serve.engine.scheduler import Scheduler
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
-                                   config.enable_chunked_prefill)
+                                   config.enable_chunked_prefill, self.max_model_len)
+        self._inflight: InFlightStep | None = None
         self.requests: dict[str, Request] = {}
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
@@ -158,22 +159,44 @@ class EngineCore:
         return aborted
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._inflight is not None
 
     # ---- the step -------------------------------------------------------------------------
     def step(self) -> list[CoreOutput]:
+        """Launches the next batch, then completes the one launched before it.
+
+        With async scheduling the host schedules and prepares step N+1 while the device still
+        runs step N; a token sampled by N reaches N+1's inputs on the device. The price: a
+        request that stops (EOS, stop token, abort) computes one token too many, discarded.
+        Steps whose rows read their own previous tokens (penalties, min_tokens, logprobs) are
+        completed at once, as with async scheduling off."""
         sched = self.scheduler.schedule()
-        if sched.is_empty:
-            return []
-        result = self.runner.execute(sched.scheduled)
-        self.scheduler.update_after_step(sched.scheduled)
+        launched = None
+        if not sched.is_empty:
+            launched = self.runner.launch(sched.scheduled)
+            self.scheduler.update_after_launch(sched.scheduled)
+        outputs = self._complete(self._inflight) if self._inflight is not None else []
+        self._inflight = launched
+        if launched is not None and (launched.needs_sync or not self.config.async_scheduling):
+            outputs += self._complete(launched)
+            self._inflight = None
+        return outputs
+
+    def _complete(self, step: InFlightStep) -> list[CoreOutput]:
+        result = step.result()
         logprobs = _split_logprobs(result.sampler_output, result.requests)
         outputs = []
         for i, (req, token) in enumerate(zip(result.requests, result.sampled)):
-            req.append_token(token)
+            if req.status.finished:
+                req.num_inflight -= 1
+                continue      # stopped or aborted while this step was in flight: discard
+            req.land_token(token)
+            self.kv.cache_computed_blocks(req)
             self.num_generation_tokens_total += 1
             finish, stop_token = self._check_stop(req, token)
             if finish is not None:
+                # safe while a later step still writes this request's KV: the blocks' next
+                # owner is scheduled after it, and device work runs in launch order
                 self.scheduler.finish(req, finish)
                 self.requests.pop(req.request_id, None)
             outputs.append(CoreOutput(req.request_id, [token],

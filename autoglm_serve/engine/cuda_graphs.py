@@ -85,12 +85,14 @@ class DecodeGraphs:
                 return s
         return None
 
-    def run(self, n: int, input_ids, positions, slot_mapping, seq_lens, block_tables
-            ) -> torch.Tensor:
-        """Inputs as host tensors for n decodes; returns logits [n, vocab] (a view: consume it
-        before the next replay)."""
+    def load(self, n: int, input_ids, positions, slot_mapping, seq_lens, block_tables) -> None:
+        """Host inputs of n decodes into the static buffers; rows up to the padded size get
+        slot -1 and seq_len 0."""
         bs = self.padded_size(n)
         nb = block_tables.shape[1]
+        # pinned sources: a copy from pageable memory would wait for the step in flight
+        input_ids, positions, slot_mapping, seq_lens, block_tables = (
+            t.pin_memory() for t in (input_ids, positions, slot_mapping, seq_lens, block_tables))
         self.input_ids[:n].copy_(input_ids, non_blocking=True)
         self.positions[..., :n].copy_(positions, non_blocking=True)
         self.slot_mapping[:n].copy_(slot_mapping, non_blocking=True)
@@ -99,5 +101,9 @@ class DecodeGraphs:
         if bs > n:
             self.slot_mapping[n:bs].fill_(-1)
             self.seq_lens[n:bs].zero_()
+
+    def replay(self, n: int) -> torch.Tensor:
+        """Logits [n, vocab] (a view of the graph's output: consume before the next replay)."""
+        bs = self.padded_size(n)
         self.graphs[bs].replay()
         return self.logits[bs][:n]

@@ -104,8 +104,10 @@ class KVCacheManager:
         """Registers the request's full, computed blocks in the prefix cache."""
         if not self.enable_prefix_caching:
             return
-        self._update_block_hashes(request, request.num_computed_tokens)
-        n = request.num_computed_tokens // self.block_size
+        # only tokens whose ids are known (an in-flight one is computed but not yet known)
+        known = min(request.num_computed_tokens, request.num_tokens)
+        self._update_block_hashes(request, known)
+        n = known // self.block_size
         for i in range(request.num_registered_blocks, n):
             b, h = request.block_ids[i], request.block_hashes[i]
             if self.block_hash[b] is None and h not in self.cached:

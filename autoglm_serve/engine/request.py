@@ -50,6 +50,7 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    num_inflight: int = 0                # sampled on the GPU, not yet known here (0 or 1)
     block_ids: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)
     num_registered_blocks: int = 0       # leading blocks already offered to the prefix cache
@@ -69,12 +70,23 @@ class Request:
         return len(self.all_token_ids)
 
     @property
+    def num_owed_tokens(self) -> int:
+        """Tokens to compute before the next sample (an in-flight one counts: its id will be
+        fed from the GPU)."""
+        return len(self.all_token_ids) + self.num_inflight - self.num_computed_tokens
+
+    @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
 
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+
+    def land_token(self, token_id: int) -> None:
+        """The in-flight token arrived from the device."""
+        self.num_inflight -= 1
+        self.append_token(token_id)
 
     def mm_hashes_in(self, start: int, end: int) -> tuple[str, ...]:
         """Hashes of the images whose placeholders overlap tokens [start, end)."""

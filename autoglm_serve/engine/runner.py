@@ -33,13 +33,40 @@ class HostBatch:
     max_query_len: int
     logits_rows: list[int]       # rows whose chunk ends the known tokens: they sample
     has_images: bool             # some chunk may cover image placeholders
+    feed_at: list[int]           # flat token slots whose id is still on the GPU (in flight)...
+    feed_from: list[int]         # ...and where it sits in the previous step's sampled tokens
 
 
 @dataclass
 class StepResult:
     requests: list[Request]          # those that sampled a token this step, in row order
     sampled: list[int]
-    sampler_output: SamplerOutput
+    sampler_output: SamplerOutput | None
+
+
+@dataclass
+class InFlightStep:
+    """A launched step: its sampled tokens are on their way to pinned host memory."""
+    requests: list[Request]
+    tokens_host: torch.Tensor | None
+    done: torch.cuda.Event | None
+    sampler_output: SamplerOutput | None
+    needs_sync: bool                 # some row needs the next step to see this one's tokens
+
+    def result(self) -> StepResult:
+        if self.done is not None:
+            self.done.synchronize()
+        sampled = self.tokens_host.tolist() if self.tokens_host is not None else []
+        return StepResult(self.requests, sampled, self.sampler_output)
+
+
+def _needs_fresh_outputs(req: Request) -> bool:
+    """Rows whose sampling reads their previous tokens (penalties, min_tokens) or whose
+    logprobs are copied synchronously: the step after them waits for their tokens."""
+    p = req.sampling_params
+    return (p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0
+            or p.presence_penalty != 0.0 or p.logprobs is not None
+            or req.num_output_tokens + req.num_inflight < p.min_tokens)
 
 
 def _plain_greedy(req: Request) -> bool:
@@ -74,6 +101,8 @@ class ModelRunner:
         self.encoder_cache = EncoderCache() if hasattr(model, "embed_images") else None
         self.pin = device.type == "cuda"
         self.graphs = None      # DecodeGraphs once captured (CUDA, triton backend)
+        self._prev_tokens: torch.Tensor | None = None   # the last launched step's samples
+        self._prev_rows: dict[str, int] = {}
 
     # ---- KV cache -------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:
@@ -129,6 +158,7 @@ class ModelRunner:
         bs = self.block_size
         logits_rows = []
         has_images = False
+        feed_at, feed_from = [], []
         for i, s in enumerate(batch):
             req, n = s.request, s.num_new_tokens
             start, end = req.num_computed_tokens, req.num_computed_tokens + n
@@ -136,7 +166,12 @@ class ModelRunner:
             blocks = req.block_ids
             tables[i, :len(blocks)] = blocks
             if n == 1:
-                input_ids[q0] = req.all_token_ids[start]
+                if start < len(req.all_token_ids):
+                    input_ids[q0] = req.all_token_ids[start]
+                else:   # sampled by the step still in flight: fed on the GPU
+                    input_ids[q0] = 0
+                    feed_at.append(int(q0))
+                    feed_from.append(self._prev_rows[req.request_id])
                 slots[q0] = blocks[start // bs] * bs + start % bs
             else:
                 input_ids[q0:q0 + n] = req.all_token_ids[start:end]
@@ -156,7 +191,7 @@ class ModelRunner:
         return HostBatch(batch, torch.from_numpy(input_ids), torch.from_numpy(positions),
                          torch.from_numpy(slots), torch.from_numpy(query_start.astype(np.int32)),
                          torch.from_numpy(seq_lens), torch.from_numpy(tables), num_decodes,
-                         int(query_lens.max()), logits_rows, has_images)
+                         int(query_lens.max()), logits_rows, has_images, feed_at, feed_from)
 
     def to_device(self, hb: HostBatch):
         meta = AttentionMetadata(
@@ -183,9 +218,12 @@ class ModelRunner:
         n = len(hb.batch)
         if (self.graphs is not None and hb.num_decodes == n and n <= self.graphs.max_size
                 and not hb.has_images):
-            return self.graphs.run(n, hb.input_ids, hb.positions, hb.slot_mapping, hb.seq_lens,
-                                   hb.block_tables)
+            self.graphs.load(n, hb.input_ids, hb.positions, hb.slot_mapping, hb.seq_lens,
+                             hb.block_tables)
+            self._feed(self.graphs.input_ids, hb)
+            return self.graphs.replay(n)
         ids, pos, meta, logits_index = self.to_device(hb)
+        self._feed(ids, hb)
         inputs_embeds = self.multimodal_embeddings(hb.batch, ids)
         hidden = self.model(ids, pos, meta, inputs_embeds=inputs_embeds)
         if not hb.logits_rows:
@@ -198,23 +236,53 @@ class ModelRunner:
             layer.kv_cache = cache
             layer.backend = self.backend
 
+    def _feed(self, ids: torch.Tensor, hb: HostBatch) -> None:
+        """Input ids sampled by the previous (in-flight) step, copied device to device."""
+        if hb.feed_at:
+            at = self._to_device(hb.feed_at, torch.int64)
+            src = self._to_device(hb.feed_from, torch.int64)
+            ids.index_copy_(0, at, self._prev_tokens.index_select(0, src))
+
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledRequest]) -> StepResult:
+    def launch(self, scheduled: list[ScheduledRequest]) -> InFlightStep:
+        """Queues the step on the device and returns without waiting for it."""
         self.bind_kv_cache()
         hb = self.prepare_host(scheduled)
         logits = self._logits(hb)
         if logits is None:
-            return StepResult([], [], None)
+            return InFlightStep([], None, None, None, False)
         sampling = [hb.batch[i].request for i in hb.logits_rows]
         if self.logits_hook is not None:
             self.logits_hook(sampling, logits)
+        out = None
         if all(_plain_greedy(r) for r in sampling):
             # the common agent/benchmark case: no per-row tensors to build, one argmax
-            return StepResult(sampling, logits.argmax(dim=-1).tolist(), None)
-        rows = [SamplingRow(r.sampling_params, r.prompt_token_ids, r.output_token_ids,
-                            r.generator, r.eos_token_ids) for r in sampling]
-        out = self.sampler(logits, SamplingBatch.build(rows, logits.shape[-1], logits.device))
-        return StepResult(sampling, out.sampled_token_ids.tolist(), out)
+            tokens = logits.argmax(dim=-1)
+        else:
+            rows = [SamplingRow(r.sampling_params, r.prompt_token_ids, r.output_token_ids,
+                                r.generator, r.eos_token_ids) for r in sampling]
+            out = self.sampler(logits, SamplingBatch.build(rows, logits.shape[-1], logits.device))
+            tokens = out.sampled_token_ids
+        self._prev_tokens = tokens
+        self._prev_rows = {r.request_id: i for i, r in enumerate(sampling)}
+        done = None
+        if self.device.type == "cuda":
+            host = self._pinned_tokens(tokens.shape[0])
+            host.copy_(tokens, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+        else:
+            host = tokens
+        return InFlightStep(sampling, host, done, out,
+                            any(_needs_fresh_outputs(r) for r in sampling))
+
+    def _pinned_tokens(self, n: int) -> torch.Tensor:
+        """A fresh pinned buffer per step: the previous step's may still be read."""
+        return torch.empty(n, dtype=torch.int64, pin_memory=True)
+
+    def execute(self, scheduled: list[ScheduledRequest]) -> StepResult:
+        """Launch and wait (the synchronous path)."""
+        return self.launch(scheduled).result()
 
     def multimodal_embeddings(self, batch: list[ScheduledRequest],
                               ids: torch.Tensor) -> torch.Tensor | None:

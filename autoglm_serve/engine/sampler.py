@@ -26,6 +26,15 @@ from autoglm_serve.sampling_params import SamplingParams
 _TINY = torch.finfo(torch.float32).tiny
 
 
+def to_device(data, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Host data onto the device without a stream sync: a copy from pageable memory waits for
+    all queued GPU work (it would stall the step in flight); from pinned memory it does not."""
+    t = torch.as_tensor(data, dtype=dtype)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
     """A per-request generator; it must live on the logits' device to draw there."""
     return torch.Generator(device=device).manual_seed(seed)
@@ -95,7 +104,8 @@ class SamplingBatch:
             [p.repetition_penalty for p in params],
             [p.frequency_penalty for p in params],
             [p.presence_penalty for p in params],
-        ], dtype=torch.float32).reshape(6, len(rows)).to(device)
+        ], dtype=torch.float32).reshape(6, len(rows))
+        floats = to_device(floats, torch.float32, device)
 
         any_rep, any_fp = any(rep_rows), any(fp_rows)
         prompt_mask = output_counts = None
@@ -126,8 +136,8 @@ class SamplingBatch:
             num_rows=len(rows), vocab_size=V,
             temperature=floats[0], top_p=floats[1], min_p=floats[2],
             repetition_penalty=floats[3], frequency_penalty=floats[4], presence_penalty=floats[5],
-            top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
-            is_greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+            top_k=to_device(top_k, torch.int64, device),
+            is_greedy=to_device(greedy, torch.bool, device),
             all_greedy=all(greedy), any_greedy=any(greedy),
             any_top_k=bool(k_in_use),
             all_top_k=bool(random_params) and len(k_in_use) == len(random_params),
@@ -136,7 +146,7 @@ class SamplingBatch:
             any_repetition_penalty=any_rep, any_frequency_presence=any_fp,
             max_top_k=max(k_in_use, default=V),
             prompt_mask=prompt_mask, output_counts=output_counts,
-            min_tokens_banned=(torch.tensor(banned, dtype=torch.int64, device=device)
+            min_tokens_banned=(to_device(banned, torch.int64, device)
                                if banned else None),
             generators=generators, num_logprobs=num_logprobs,
             max_num_logprobs=max(asked) if asked else None,
@@ -153,7 +163,7 @@ def _token_counts(token_lists: Sequence[Sequence[int]], V: int,
     flat = torch.frombuffer(raw, dtype=torch.int64) if raw else torch.empty(0, dtype=torch.int64)
     row = torch.repeat_interleave(torch.arange(len(token_lists)), lengths)
     keep = (flat >= 0) & (flat < V)  # host-side filter: ids outside the vocab cannot be penalized
-    index = (row[keep] * V + flat[keep]).to(device)
+    index = to_device(row[keep] * V + flat[keep], torch.int64, device)
     counts = torch.zeros(len(token_lists) * V, dtype=torch.float32, device=device)
     counts.scatter_add_(0, index, torch.ones(index.shape, dtype=torch.float32, device=device))
     return counts.view(len(token_lists), V)

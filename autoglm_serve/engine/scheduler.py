@@ -26,7 +26,7 @@ class ScheduledRequest:
     def samples(self) -> bool:
         """True when this step computes the request's last known token, so it yields logits."""
         r = self.request
-        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens
+        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens + r.num_inflight
 
 
 @dataclass
@@ -42,11 +42,12 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 enable_chunked_prefill: bool = True):
+                 enable_chunked_prefill: bool = True, max_model_len: int = 1 << 30):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
+        self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -79,12 +80,14 @@ class Scheduler:
         chosen: set[str] = set()
 
         # Running requests: decodes (one token owed) before prefill chunks.
-        for req in sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1):
+        for req in sorted(self.running, key=lambda r: r.num_owed_tokens > 1):
             if budget == 0:
                 break
             if req.request_id in chosen or req.status != RequestStatus.RUNNING:
                 continue
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if req.num_inflight and self._ends_with_inflight(req):
+                continue        # its in-flight token is its last: nothing more to compute
+            n = min(req.num_owed_tokens, budget)
             while not self.kv.allocate(req, n):
                 victim = self._pick_victim(chosen)
                 self._preempt(victim, out)
@@ -100,6 +103,8 @@ class Scheduler:
         while self.waiting and not out.preempted and budget > 0 \
                 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
+            if req.num_inflight:
+                break           # preempted while a token was in flight: wait for it to land
             cached = self.kv.find_cached_prefix(req) if req.num_computed_tokens == 0 else []
             computed = req.num_computed_tokens + len(cached) * self.kv.block_size
             n = req.num_tokens - computed
@@ -125,6 +130,11 @@ class Scheduler:
         out.num_batched_tokens = self.max_num_batched_tokens - budget
         return out
 
+    def _ends_with_inflight(self, req: Request) -> bool:
+        """Whether the length limits end the request once its in-flight token lands."""
+        return (req.num_output_tokens + req.num_inflight >= req.max_tokens
+                or req.num_tokens + req.num_inflight >= self.max_model_len)
+
     def _pick_victim(self, chosen: set[str]) -> Request:
         """The latest-arrived running request not yet given tokens this step (or the last one)."""
         for req in reversed(self.running):
@@ -142,8 +152,13 @@ class Scheduler:
         out.preempted.append(req)
         self.waiting.appendleft(req)
 
-    def update_after_step(self, scheduled: list[ScheduledRequest]) -> None:
-        """Records the tokens just computed and offers their full blocks to the prefix cache."""
+    def update_after_launch(self, scheduled: list[ScheduledRequest]) -> None:
+        """Records the tokens just sent to the GPU (their KV is written by the time any later
+        step runs), the token each sampling request will get, and offers full blocks to the
+        prefix cache."""
         for s in scheduled:
-            s.request.num_computed_tokens += s.num_new_tokens
-            self.kv.cache_computed_blocks(s.request)
+            req = s.request
+            if s.samples:
+                req.num_inflight += 1
+            req.num_computed_tokens += s.num_new_tokens
+            self.kv.cache_computed_blocks(req)
