@@ -58,12 +58,14 @@ class TorchAttentionBackend(AttentionBackend):
         # q: [Lq, H, D], k/v: [Lk, Hkv, D]; query i sits at absolute position causal_offset + i.
         lq, lk = q.shape[0], k.shape[0]
         qh = q.transpose(0, 1).float()
-        kh = k.transpose(0, 1).float().repeat_interleave(group, dim=0)
-        vh = v.transpose(0, 1).float().repeat_interleave(group, dim=0)
+        kh = k.transpose(0, 1).float()
+        vh = v.transpose(0, 1).float()
         q_pos = torch.arange(lq, device=q.device)[:, None] + causal_offset
         k_pos = torch.arange(lk, device=q.device)[None, :]
         mask = k_pos <= q_pos
-        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+        # enable_gqa: query heads share their KV head without copying it `group` times
+        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale,
+                                           enable_gqa=group > 1)
         return o.transpose(0, 1).to(q.dtype)
 
     @staticmethod
@@ -78,11 +80,11 @@ class TorchAttentionBackend(AttentionBackend):
         hkv, d = kv_cache.shape[2], kv_cache.shape[4]
         k = kv_cache[0, tables].permute(0, 2, 1, 3, 4).reshape(n, hkv, -1, d)[:, :, :max_len]
         v = kv_cache[1, tables].permute(0, 2, 1, 3, 4).reshape(n, hkv, -1, d)[:, :, :max_len]
-        k = k.float().repeat_interleave(group, dim=1)
-        v = v.float().repeat_interleave(group, dim=1)
+        k, v = k.float(), v.float()
         lens = torch.tensor(seq_lens, device=q.device)
         mask = torch.arange(max_len, device=q.device)[None, :] < lens[:, None]
         qh = q.float().unsqueeze(2)  # [n, H, 1, D]
-        o = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask[:, None, None, :], scale=scale)
+        o = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask[:, None, None, :], scale=scale,
+                                           enable_gqa=group > 1)
         o = torch.nan_to_num(o)  # rows with seq_len 0 (padding)
         return o.squeeze(2).to(q.dtype)
