@@ -89,6 +89,7 @@ class EngineCore:
             fused_ops.self_check(self.device, self.loaded.dtype)
             if not config.enforce_eager and self.runner.backend.name == "triton":
                 self.runner.capture_cuda_graphs()
+            self.warm_up()
         self.kv = KVCacheManager(self.cache.num_blocks, config.block_size,
                                  config.enable_prefix_caching)
         from autoglm_serve.engine.scheduler import Scheduler
@@ -140,6 +141,28 @@ class EngineCore:
         budget = total * self.config.gpu_memory_utilization - used - activation
         return CacheSizing(max(0, int(budget) // per_block), self.config.block_size, per_block,
                            activation)
+
+    def warm_up(self) -> None:
+        """Runs the shapes a server meets first (lone and batched prefills, mixed steps, a
+        prefix-cache hit) so Triton compiles its kernel variants now, not during the first
+        user requests (a compile costs about a second of TTFT)."""
+        from autoglm_serve.sampling_params import SamplingParams
+        start = time.monotonic()
+        params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+        lengths = [[17], [5, 16, 33, 1], [48], [48]]    # the last one hits the prefix cache
+        for i, group in enumerate(lengths):
+            for j, n in enumerate(group):
+                if n + 3 >= self.max_model_len:
+                    continue
+                ids = [(7 * k + j) % self.vocab_size for k in range(n)]
+                self.add_request(Request(f"warmup-{i}-{j}", ids, params, frozenset(), 3))
+            while self.has_unfinished():
+                self.step()
+        self.kv.reset_prefix_cache()
+        self.kv.prefix_queries = self.kv.prefix_hits = 0
+        self.num_prompt_tokens_total = self.num_generation_tokens_total = 0
+        self.scheduler.num_preemptions = 0
+        logger.info("warm-up in %.1f s", time.monotonic() - start)
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
