@@ -1,0 +1,124 @@
+"""Starting the server: check the port, load the engine, print what was built, run uvicorn.
+
+SIGTERM/SIGINT are uvicorn's: it stops accepting, lets in-flight requests finish within
+--graceful-shutdown-timeout, then the lifespan shuts the engine down and the process exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+
+from autoglm_serve.server.args import ServerSettings, engine_config_from_args, settings_from_args
+
+logger = logging.getLogger("autoglm_serve.server")
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bound before the (slow) model load, so a busy port fails in a second, not a minute."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}. Is another "
+                         "server running there? Choose another --port.") from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def startup_report(engine, settings: ServerSettings) -> list[str]:
+    core = engine.core
+    cache = core.cache
+    loaded = core.loaded
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    return [
+        f"model: {loaded.resolved.path} ({type(loaded.model).__name__})",
+        f"served model names: {', '.join(settings.served_model_names)}",
+        f"device: {core.device}    dtype: {str(loaded.dtype).removeprefix('torch.')}",
+        f"weights: {_gib(loaded.weight_bytes)}    loaded in {loaded.load_seconds:.1f} s",
+        f"KV cache: {cache.num_blocks} blocks x {cache.block_size} tokens = {cache.num_tokens} "
+        f"tokens ({_gib(cache.num_blocks * cache.bytes_per_block)})",
+        f"max_model_len: {core.max_model_len}    maximum concurrency at max_model_len: "
+        f"{cache.num_tokens / core.max_model_len:.2f}x    max_num_seqs: "
+        f"{core.config.max_num_seqs}",
+        f"API key: {'required' if settings.api_key else 'none'}    reasoning parser: "
+        f"{settings.reasoning_parser or 'none (per request: return_reasoning)'}",
+        f"serving on http://{host}:{settings.port}/v1 (listening on {settings.host})",
+    ]
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO) if level != "trace"
+                        else logging.DEBUG, stream=sys.stdout,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+async def _serve(engine, settings: ServerSettings, sock: socket.socket) -> None:
+    import uvicorn
+
+    from autoglm_serve.server.app import build_app
+    from autoglm_serve.server.gpu_stats import GpuStats
+
+    gpu = GpuStats.open([engine.core.device.index or 0]) \
+        if engine.core.device.type == "cuda" else None
+    app = build_app(engine, settings, gpu)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        engine.start()
+        for line in startup_report(engine, settings):
+            logger.info(line)
+        yield
+        logger.info("shutting down the engine")
+        engine.shutdown()
+
+    app.router.lifespan_context = lifespan
+    config = uvicorn.Config(app, log_level=settings.uvicorn_log_level,
+                            access_log=settings.access_log,
+                            timeout_graceful_shutdown=settings.graceful_shutdown_timeout,
+                            timeout_keep_alive=30, log_config=None)
+    # uvicorn re-raises a captured SIGTERM after its graceful shutdown; a no-op handler makes
+    # that re-raise harmless, so a SIGTERM'd server that drained cleanly exits 0.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    await uvicorn.Server(config).serve(sockets=[sock])
+
+
+def run_server(args: argparse.Namespace) -> int:
+    _configure_logging(args.uvicorn_log_level)
+    try:
+        config = engine_config_from_args(args)
+        settings = settings_from_args(args)
+        if args.trust_remote_code:
+            logger.info("--trust-remote-code: accepted; autoglm-serve never runs model code "
+                        "from checkpoints")
+        sock = bind_socket(settings.host, settings.port)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from autoglm_serve.engine.async_llm import AsyncLLM
+    logger.info("loading %s", config.model or "the embedded default model")
+    try:
+        # The server admits by its own exact count (Serving.admit); the engine's check reads
+        # a waiting queue that may still hold just-aborted requests, so it is only a backstop.
+        engine = AsyncLLM(config, max_waiting=2 * (config.max_num_seqs
+                                                   + settings.max_waiting_requests) + 1)
+    except (ValueError, FileNotFoundError, NotImplementedError) as exc:
+        print(f"error: cannot start the engine: {exc}", file=sys.stderr)
+        sock.close()
+        return 2
+    if engine.tokenizer is None:
+        print("error: the server needs a tokenizer", file=sys.stderr)
+        return 2
+    asyncio.run(_serve(engine, settings, sock))
+    return 0

@@ -1,0 +1,160 @@
+"""What chat and completions share: the model check, sampling settings, admission, tokenizing
+off the event loop for long prompts, and the engine stream with its metrics and abort."""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+from autoglm_serve.engine.async_llm import AsyncLLM, EngineDeadError, QueueFullError
+from autoglm_serve.outputs import RequestOutput
+from autoglm_serve.sampling_params import SamplingParams
+from autoglm_serve.server.args import ServerSettings
+from autoglm_serve.server.errors import OpenAIError, bad_request, model_not_found, sampling_error
+from autoglm_serve.server.metrics import ServerMetrics
+from autoglm_serve.server.protocol import _SamplingFields
+
+# Prompts longer than this (characters) are tokenized on a worker thread, so one large prompt
+# does not stall every other stream on the event loop; short ones are cheaper inline.
+_THREAD_TOKENIZE_CHARS = 8192
+_DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+class Serving:
+    def __init__(self, engine: AsyncLLM, settings: ServerSettings, metrics: ServerMetrics):
+        self.engine = engine
+        self.settings = settings
+        self.metrics = metrics
+        self.tokenizer = engine.tokenizer
+        self.max_model_len: int = engine.core.max_model_len
+        self.served_names = settings.served_model_names
+        self.defaults = {**(engine.core.loaded.generation_defaults
+                              if settings.use_generation_config else {}),
+                         **settings.generation_overrides}
+        self.default_max_tokens: int | None = self.defaults.get("max_new_tokens")
+        self.max_in_flight = engine.core.config.max_num_seqs + settings.max_waiting_requests
+
+    def model_name(self, requested: str | None) -> str:
+        if requested is None or requested == "":
+            return self.served_names[0]
+        if requested not in self.served_names:
+            raise model_not_found(requested, self.served_names)
+        return requested
+
+    def sampling_params(self, req: _SamplingFields, *, max_tokens: int | None,
+                        logprobs: int | None, renames: dict[str, str] | None = None
+                        ) -> SamplingParams:
+        """The request's fields over the model's generation_config.json defaults."""
+        values = {k: getattr(req, k) if getattr(req, k) is not None else self.defaults.get(k)
+                  for k in _DEFAULTED}
+        values = {k: v for k, v in values.items() if v is not None}
+        for k in ("frequency_penalty", "presence_penalty"):
+            if getattr(req, k) is not None:
+                values[k] = getattr(req, k)
+        try:
+            return SamplingParams(
+                n=req.n, seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
+                max_tokens=max_tokens, min_tokens=req.min_tokens, ignore_eos=req.ignore_eos,
+                logprobs=logprobs, skip_special_tokens=req.skip_special_tokens,
+                spaces_between_special_tokens=req.spaces_between_special_tokens,
+                include_stop_str_in_output=req.include_stop_str_in_output, **values)
+        except (ValueError, TypeError) as exc:
+            raise sampling_error(ValueError(str(exc)), renames) from exc
+
+    def check_stream_options(self, req: _SamplingFields) -> None:
+        if req.stream_options is not None and not req.stream:
+            raise bad_request("stream_options is only allowed when stream is true",
+                              "stream_options")
+
+    def admit(self) -> None:
+        if self.engine.dead is not None:
+            raise OpenAIError(503, "the engine has stopped; the server must be restarted")
+        if self.engine.num_unfinished >= self.max_in_flight:
+            raise OpenAIError(503, f"the server is at capacity ({self.engine.num_unfinished} "
+                              "requests in flight); retry later", code="queue_full")
+
+    async def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        if len(text) > _THREAD_TOKENIZE_CHARS:
+            return await asyncio.to_thread(self.tokenizer.encode, text,
+                                           add_special_tokens=add_special_tokens)
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def check_length(self, token_ids: list[int], param: str) -> None:
+        if not token_ids:
+            raise bad_request("the prompt is empty", param)
+        if len(token_ids) >= self.max_model_len:
+            raise bad_request(
+                f"This model's maximum context length is {self.max_model_len} tokens, but the "
+                f"prompt has {len(token_ids)} tokens (the prompt plus at least one generated "
+                "token must fit). Shorten the prompt.", param)
+
+    async def start(self, request_id: str, token_ids: list[int], params: SamplingParams,
+                    param: str, **mm) -> RequestStream:
+        """Adds the request and waits for its first output, so that every engine refusal
+        becomes an HTTP status before a response (or a stream) begins."""
+        self.admit()
+        gen = self.engine.generate(request_id, token_ids, params, add_special_tokens=False, **mm)
+        try:
+            first = await gen.__anext__()
+        except QueueFullError as exc:
+            raise OpenAIError(503, str(exc), code="queue_full") from exc
+        except EngineDeadError as exc:
+            raise OpenAIError(503, str(exc)) from exc
+        except ValueError as exc:
+            raise bad_request(str(exc), param) from exc
+        return RequestStream(gen, first, self.metrics, len(token_ids))
+
+
+class RequestStream:
+    """The engine's outputs for one request; records metrics and aborts if left early."""
+
+    def __init__(self, gen: AsyncIterator[RequestOutput], first: RequestOutput,
+                 metrics: ServerMetrics, num_prompt_tokens: int):
+        self.gen = gen
+        self.first: RequestOutput | None = first
+        self.metrics = metrics
+        self.num_prompt_tokens = num_prompt_tokens
+        self.num_output_tokens = 0
+        self.finish_reason: str | None = None
+        self._last = time.monotonic()
+        self._closed = False
+
+    def __aiter__(self):
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[RequestOutput]:
+        try:
+            if self.first is not None:
+                out, self.first = self.first, None
+                self._account(out)
+                yield out
+                if out.finished:
+                    return
+            async for out in self.gen:
+                self._account(out)
+                yield out
+        finally:
+            await self.close()
+
+    def _account(self, out: RequestOutput) -> None:
+        now = time.monotonic()
+        new = sum(len(c.token_ids) for c in out.outputs)
+        if new and self.num_output_tokens:
+            self.metrics.observe_token_gap((now - self._last) / new)
+        self._last = now
+        self.num_output_tokens += new
+        if out.finished:
+            reasons = [c.finish_reason for c in out.outputs if c.finish_reason]
+            self.finish_reason = reasons[-1] if reasons else "stop"
+            self.metrics.observe_finished(out.metrics, self.num_prompt_tokens,
+                                          self.num_output_tokens, self.finish_reason)
+
+    async def close(self) -> None:
+        """Aborts the request in the engine if it has not finished (client gone, error)."""
+        if self._closed:
+            return
+        self._closed = True
+        await self.gen.aclose()
+        if self.finish_reason is None:
+            self.finish_reason = "abort"
+            self.metrics.observe_aborted()

@@ -1,0 +1,176 @@
+"""POST /v1/chat/completions: messages → template → engine → OpenAI response or SSE stream."""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+
+from autoglm_serve.engine.async_llm import EngineDeadError
+from autoglm_serve.outputs import Logprob
+from autoglm_serve.server.chat import RenderedPrompt, render_messages
+from autoglm_serve.server.errors import OpenAIError, bad_request
+from autoglm_serve.server.protocol import (ChatChoice, ChatCompletionRequest,
+                                           ChatCompletionResponse, ChatLogprobs,
+                                           PromptTokensDetails, ResponseMessage, TokenLogprob,
+                                           TopLogprob, Usage, random_id)
+from autoglm_serve.server.reasoning import (ReasoningSplitter, prompt_opens_thinking,
+                                            split_reasoning)
+from autoglm_serve.server.serving import RequestStream, Serving
+
+
+def chat_logprobs(entries: list[dict[int, Logprob]], token_ids: list[int], top_n: int
+                  ) -> list[dict]:
+    """Engine logprobs → OpenAI's `logprobs.content` items."""
+    items = []
+    for tid, entry in zip(token_ids, entries):
+        sampled = entry[tid]
+        tops = sorted((lp for lp in entry.values() if lp.rank <= top_n), key=lambda lp: lp.rank)
+        token = sampled.decoded_token or ""
+        items.append({"token": token, "logprob": sampled.logprob,
+                      "bytes": list(token.encode("utf-8")),
+                      "top_logprobs": [{"token": t.decoded_token or "", "logprob": t.logprob,
+                                        "bytes": list((t.decoded_token or "").encode("utf-8"))}
+                                       for t in tops[:top_n]]})
+    return items
+
+
+class ChatHandler:
+    def __init__(self, serving: Serving):
+        self.s = serving
+
+    def _multimodal_inputs(self, rendered: RenderedPrompt, token_ids: list[int]) -> dict:
+        """The seam for images: engine keyword arguments (mm_items, mrope) for this prompt.
+        The multimodal layer replaces this; until then images are refused with the reason."""
+        if not rendered.images:
+            return {}
+        hf_config = self.s.engine.core.loaded.hf_config
+        if getattr(hf_config, "vision_config", None) is None:
+            raise bad_request(f"model {self.s.served_names[0]!r} does not accept image input "
+                              "(it has no vision encoder)", "messages")
+        raise bad_request("image input is not wired into this server build yet", "messages")
+
+    async def create(self, req: ChatCompletionRequest):
+        s = self.s
+        model = s.model_name(req.model)
+        s.check_stream_options(req)
+        if req.top_logprobs is not None and not req.logprobs:
+            raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
+            else req.max_tokens if req.max_tokens is not None else s.default_max_tokens
+        renames = {"max_tokens": "max_completion_tokens"} \
+            if req.max_completion_tokens is not None else {}
+        renames["logprobs"] = "top_logprobs"
+        params = s.sampling_params(req, max_tokens=max_tokens,
+                                   logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+                                   renames=renames)
+        kwargs = dict(req.chat_template_kwargs or {})
+        if req.enable_thinking is not None:
+            kwargs.setdefault("enable_thinking", req.enable_thinking)
+        hf_config = s.engine.core.loaded.hf_config
+        rendered = render_messages(
+            s.tokenizer, req.messages, chat_template=req.chat_template, template_kwargs=kwargs,
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message, tools=req.tools,
+            content_as_parts=getattr(hf_config, "vision_config", None) is not None
+            and s.settings.chat_template_content_format != "string")
+        token_ids = await s.tokenize(rendered.prompt, add_special_tokens=False)
+        s.check_length(token_ids, "messages")
+        mm = self._multimodal_inputs(rendered, token_ids)
+        split = req.return_reasoning if req.return_reasoning is not None \
+            else s.settings.reasoning_parser is not None
+        in_reasoning = split and prompt_opens_thinking(rendered.prompt)
+        request_id = random_id("chatcmpl")
+        stream = await s.start(request_id, token_ids, params, "messages", **mm)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return self._sse(stream, request_id, model, params.n, split, in_reasoning,
+                             req.top_logprobs or 0 if req.logprobs else None, include_usage)
+        return await self._collect(stream, request_id, model, params.n, split, in_reasoning,
+                                   req.top_logprobs or 0 if req.logprobs else None)
+
+    async def _collect(self, stream: RequestStream, request_id: str, model: str, n: int,
+                       split: bool, in_reasoning: bool, top_n: int | None
+                       ) -> ChatCompletionResponse:
+        texts = [[] for _ in range(n)]
+        counts = [0] * n
+        logprobs: list[list[dict]] = [[] for _ in range(n)]
+        finish = [None] * n
+        stop_reasons = [None] * n
+        cached = 0
+        async for out in stream:
+            cached = out.num_cached_tokens
+            for c in out.outputs:
+                texts[c.index].append(c.text)
+                counts[c.index] += len(c.token_ids)
+                if top_n is not None and c.logprobs:
+                    logprobs[c.index].extend(chat_logprobs(c.logprobs, c.token_ids, top_n))
+                if c.finish_reason:
+                    finish[c.index], stop_reasons[c.index] = c.finish_reason, c.stop_reason
+        choices = []
+        for i in range(n):
+            text = "".join(texts[i])
+            reasoning = None
+            if split:
+                reasoning, text = split_reasoning(text, in_reasoning)
+            choices.append(ChatChoice(
+                index=i, message=ResponseMessage(content=text, reasoning_content=reasoning),
+                logprobs=ChatLogprobs(content=[TokenLogprob(
+                    top_logprobs=[TopLogprob(**t) for t in item.pop("top_logprobs")], **item)
+                    for item in logprobs[i]]) if top_n is not None else None,
+                finish_reason=finish[i], stop_reason=stop_reasons[i]))
+        prompt = stream.num_prompt_tokens
+        usage = Usage(prompt_tokens=prompt, completion_tokens=sum(counts),
+                      total_tokens=prompt + sum(counts),
+                      prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+        return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
+
+    async def _sse(self, stream: RequestStream, request_id: str, model: str, n: int,
+                   split: bool, in_reasoning: bool, top_n: int | None, include_usage: bool
+                   ) -> AsyncIterator[str]:
+        created = int(time.time())
+        head = {"id": request_id, "object": "chat.completion.chunk", "created": created,
+                "model": model}
+        if include_usage:
+            head["usage"] = None
+
+        def chunk(index: int, delta: dict, finish_reason=None, logprobs=None, **extra) -> str:
+            choice = {"index": index, "delta": delta, "logprobs": logprobs,
+                      "finish_reason": finish_reason, **extra}
+            return f"data: {json.dumps({**head, 'choices': [choice]}, ensure_ascii=False)}\n\n"
+
+        splitters = [ReasoningSplitter(in_reasoning) for _ in range(n)] if split else None
+        completion_tokens = 0
+        try:
+            for i in range(n):
+                yield chunk(i, {"role": "assistant", "content": ""})
+            async for out in stream:
+                for c in out.outputs:
+                    completion_tokens += len(c.token_ids)
+                    delta: dict = {}
+                    if splitters is not None:
+                        reasoning, content = splitters[c.index].feed(c.text, c.finished)
+                        if reasoning:
+                            delta["reasoning_content"] = reasoning
+                        if content:
+                            delta["content"] = content
+                    elif c.text:
+                        delta["content"] = c.text
+                    lp = None
+                    if top_n is not None and c.logprobs:
+                        lp = {"content": chat_logprobs(c.logprobs, c.token_ids, top_n)}
+                    if delta or lp:
+                        yield chunk(c.index, delta, logprobs=lp)
+                    if c.finish_reason:
+                        yield chunk(c.index, {}, c.finish_reason, stop_reason=c.stop_reason)
+            if include_usage:
+                prompt = stream.num_prompt_tokens
+                usage = {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
+                         "total_tokens": prompt + completion_tokens}
+                yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
+            yield "data: [DONE]\n\n"
+        except (OpenAIError, EngineDeadError) as exc:  # after the stream began: say so in-stream
+            err = exc if isinstance(exc, OpenAIError) else OpenAIError(503, str(exc))
+            yield err.sse()
+            yield "data: [DONE]\n\n"
+        finally:
+            await stream.close()

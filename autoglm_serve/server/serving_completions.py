@@ -1,0 +1,183 @@
+"""POST /v1/completions: prompt(s) → engine → OpenAI text_completion response or SSE stream."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+
+from autoglm_serve.engine.async_llm import EngineDeadError
+from autoglm_serve.outputs import Logprob, RequestOutput
+from autoglm_serve.server.errors import OpenAIError, bad_request
+from autoglm_serve.server.protocol import (CompletionChoice, CompletionLogprobs,
+                                           CompletionRequest, CompletionResponse, Usage,
+                                           random_id)
+from autoglm_serve.server.serving import RequestStream, Serving
+
+
+def completion_logprobs(entries: list[dict[int, Logprob]], token_ids: list[int], top_n: int,
+                        offset: int) -> CompletionLogprobs:
+    out = CompletionLogprobs()
+    for tid, entry in zip(token_ids, entries):
+        sampled = entry[tid]
+        token = sampled.decoded_token or ""
+        out.tokens.append(token)
+        out.token_logprobs.append(sampled.logprob)
+        out.top_logprobs.append({(lp.decoded_token or ""): lp.logprob for lp in
+                                 sorted(entry.values(), key=lambda lp: lp.rank)
+                                 if lp.rank <= top_n} if top_n else None)
+        out.text_offset.append(offset)
+        offset += len(token)
+    return out
+
+
+async def _merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Outputs of several prompts' requests as they come, tagged with the prompt's index."""
+    if len(streams) == 1:
+        async for out in streams[0]:
+            yield 0, out
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, stream: RequestStream) -> None:
+        try:
+            async for out in stream:
+                await queue.put((i, out))
+        except BaseException as exc:
+            await queue.put((i, exc))
+            raise
+        finally:
+            await queue.put((i, None))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(streams)
+        while remaining:
+            i, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        # The pumps must be done before their engine generators can be closed.
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for s in streams:
+            await s.close()
+
+
+class CompletionHandler:
+    def __init__(self, serving: Serving):
+        self.s = serving
+
+    async def _prompts(self, req: CompletionRequest) -> list[list[int]]:
+        p = req.prompt
+        if isinstance(p, str):
+            items: list = [p]
+        elif not p:
+            raise bad_request("prompt must not be empty", "prompt")
+        elif isinstance(p[0], int):
+            items = [p]
+        else:
+            items = list(p)
+        ids = []
+        for item in items:
+            tokens = await self.s.tokenize(item, req.add_special_tokens) \
+                if isinstance(item, str) else list(item)
+            self.s.check_length(tokens, "prompt")
+            ids.append(tokens)
+        return ids
+
+    async def create(self, req: CompletionRequest):
+        s = self.s
+        model = s.model_name(req.model)
+        s.check_stream_options(req)
+        if req.echo:
+            raise bad_request("echo is not supported", "echo")
+        # The legacy endpoint's default is 16 tokens (OpenAI, vLLM), unless the server says.
+        default = s.default_max_tokens or 16
+        params = s.sampling_params(req, max_tokens=req.max_tokens if "max_tokens" in
+                                   req.model_fields_set else default, logprobs=req.logprobs)
+        prompts = await self._prompts(req)
+        request_id = random_id("cmpl")
+        streams: list[RequestStream] = []
+        try:
+            for i, ids in enumerate(prompts):
+                rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+                streams.append(await s.start(rid, ids, params, "prompt"))
+        except BaseException:
+            for st in streams:
+                await st.close()
+            raise
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return self._sse(streams, request_id, model, params.n, req.logprobs, include_usage)
+        return await self._collect(streams, request_id, model, params.n, req.logprobs)
+
+    async def _collect(self, streams: list[RequestStream], request_id: str, model: str, n: int,
+                       top_n: int | None) -> CompletionResponse:
+        total = len(streams) * n
+        texts = [[] for _ in range(total)]
+        token_ids: list[list[int]] = [[] for _ in range(total)]
+        lps: list[list] = [[] for _ in range(total)]
+        finish: list = [None] * total
+        stop_reasons: list = [None] * total
+        async for p, out in _merge(streams):
+            for c in out.outputs:
+                k = p * n + c.index
+                texts[k].append(c.text)
+                token_ids[k].extend(c.token_ids)
+                if c.logprobs:
+                    lps[k].extend(c.logprobs)
+                if c.finish_reason:
+                    finish[k], stop_reasons[k] = c.finish_reason, c.stop_reason
+        choices = [CompletionChoice(
+            index=k, text="".join(texts[k]), finish_reason=finish[k], stop_reason=stop_reasons[k],
+            logprobs=completion_logprobs(lps[k], token_ids[k], top_n, 0)
+            if top_n is not None else None) for k in range(total)]
+        prompt = sum(st.num_prompt_tokens for st in streams)
+        completion = sum(len(t) for t in token_ids)
+        return CompletionResponse(id=request_id, model=model, choices=choices,
+                                  usage=Usage(prompt_tokens=prompt, completion_tokens=completion,
+                                              total_tokens=prompt + completion))
+
+    async def _sse(self, streams: list[RequestStream], request_id: str, model: str, n: int,
+                   top_n: int | None, include_usage: bool) -> AsyncIterator[str]:
+        head = {"id": request_id, "object": "text_completion", "created": int(time.time()),
+                "model": model}
+        if include_usage:
+            head["usage"] = None
+        offsets = [0] * (len(streams) * n)
+        completion_tokens = 0
+        try:
+            async for p, out in _merge(streams):
+                for c in out.outputs:
+                    k = p * n + c.index
+                    completion_tokens += len(c.token_ids)
+                    lp = None
+                    if top_n is not None and c.logprobs:
+                        lp = completion_logprobs(c.logprobs, c.token_ids, top_n,
+                                                 offsets[k]).model_dump()
+                    offsets[k] += len(c.text)
+                    if not (c.text or lp or c.finish_reason):
+                        continue
+                    choice = {"index": k, "text": c.text, "logprobs": lp,
+                              "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+                    body = {**head, "choices": [choice]}
+                    yield f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+            if include_usage:
+                prompt = sum(st.num_prompt_tokens for st in streams)
+                usage = {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
+                         "total_tokens": prompt + completion_tokens}
+                yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
+            yield "data: [DONE]\n\n"
+        except (OpenAIError, EngineDeadError) as exc:
+            err = exc if isinstance(exc, OpenAIError) else OpenAIError(503, str(exc))
+            yield err.sse()
+            yield "data: [DONE]\n\n"
+        finally:
+            for st in streams:
+                await st.close()

@@ -1,0 +1,134 @@
+"""A real server for tests: `python -m autoglm_serve.cli serve ...` on 127.0.0.1 and a free port.
+
+    with ServerProcess(["--max-model-len", "2048"]) as server:
+        httpx.get(server.url("/health"))
+
+The log goes to a file; when a test fails, its tail is printed so the server's side is visible.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+START_TIMEOUT_S = 600.0   # the shared CPU machine can be slow to load even a 135M model
+
+
+def _die_with_parent() -> None:
+    """A killed test run must not leave servers behind (Linux: PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, args: list[str], *, module: str = "autoglm_serve.cli",
+                 subcommand: str | None = "serve", api_key: str | None = None,
+                 env: dict[str, str] | None = None):
+        self.port = free_port()
+        self.api_key = api_key
+        self.log_path = Path(tempfile.mkstemp(prefix="autoglm-server-", suffix=".log")[1])
+        cmd = [sys.executable, "-m", module] + ([subcommand] if subcommand else [])
+        self.cmd = cmd + list(args) + ["--host", "127.0.0.1", "--port", str(self.port)]
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
+                    "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def url(self, path: str) -> str:
+        return self.base_url + path
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> ServerProcess:
+        log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT,
+                                     env=self.env, cwd=ROOT, preexec_fn=_die_with_parent)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url("/health"), timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"server not healthy after {timeout:.0f} s:\n{self.log()}")
+
+    def log(self, tail: int = 8000) -> str:
+        return self.log_path.read_text(errors="replace")[-tail:]
+
+    def healthy(self) -> bool:
+        try:
+            return httpx.get(self.url("/health"), timeout=10).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def metrics(self) -> dict[str, float]:
+        """Prometheus samples by name+labels, e.g. 'vllm:num_requests_running{...}'."""
+        text = httpx.get(self.url("/metrics"), timeout=10).text
+        return parse_metrics(text)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        out[name] = float(value)
+    return out
+
+
+def metric(samples: dict[str, float], name: str) -> float:
+    """Sum of a metric's samples over its labels."""
+    return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))
+
+
+def server_fixture(args: list[str], **kwargs):
+    """A module-scoped pytest fixture body: yields a started server, prints its log on failure."""
+    server = ServerProcess(args, **kwargs).start()
+    try:
+        yield server
+    finally:
+        code = server.stop()
+        if code not in (0, None):
+            print(f"server exited with {code}; log tail:\n{server.log()}")
