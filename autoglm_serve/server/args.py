@@ -225,19 +225,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         attention_backend=args.attention_backend, mm_processor_kwargs=args.mm_processor_kwargs,
         limit_mm_per_prompt=args.limit_mm_per_prompt,
         chat_template=_read_chat_template(args.chat_template),
-        **_media_fields(args))
-
-
-def _media_fields(args: argparse.Namespace) -> dict:
-    """Media access settings, for an EngineConfig that has them (the multimodal build)."""
-    import dataclasses
-    names = {f.name for f in dataclasses.fields(EngineConfig)}
-    out = {}
-    if "allowed_local_media_path" in names:
-        out["allowed_local_media_path"] = args.allowed_local_media_path
-    if "allowed_media_domains" in names and args.allowed_media_domains:
-        out["allowed_media_domains"] = tuple(args.allowed_media_domains)
-    return out
+        allowed_local_media_path=args.allowed_local_media_path,
+        allowed_media_domains=tuple(args.allowed_media_domains or ()))
 
 
 def default_served_name(model: str | None) -> str:

@@ -77,6 +77,12 @@ class _EngineCollector:
                           cache.num_tokens / core.max_model_len)
         yield self._gauge("autoglm:model_weight_bytes", "Bytes of model weights.",
                           core.loaded.weight_bytes)
+        encoder = core.runner.encoder_cache
+        if encoder is not None:   # vision models: ViT runs skipped for images seen before
+            yield self._counter("autoglm:encoder_cache_queries",
+                                "Image encoder lookups, in images.", encoder.hits + encoder.misses)
+            yield self._counter("autoglm:encoder_cache_hits",
+                                "Image encoder cache hits, in images.", encoder.hits)
         if self.gpu_stats is not None:
             yield from self.gpu_stats.collect(self.labels)
 

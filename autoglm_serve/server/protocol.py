@@ -9,7 +9,7 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 
 def random_id(prefix: str) -> str:
@@ -34,6 +34,12 @@ class TextPart(BaseModel):
 class ImagePart(BaseModel):
     type: Literal["image_url"]
     image_url: ImageURL
+
+    @field_validator("image_url", mode="before")
+    @classmethod
+    def _bare_string(cls, value):
+        """Some clients send the URL itself instead of {"url": ...}."""
+        return {"url": value} if isinstance(value, str) else value
 
 
 ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]

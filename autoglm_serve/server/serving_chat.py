@@ -1,11 +1,13 @@
 """POST /v1/chat/completions: messages → template → engine → OpenAI response or SSE stream."""
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
 
 from autoglm_serve.engine.async_llm import EngineDeadError
+from autoglm_serve.multimodal.media import MediaError
 from autoglm_serve.outputs import Logprob
 from autoglm_serve.server.chat import RenderedPrompt, render_messages
 from autoglm_serve.server.errors import OpenAIError, bad_request
@@ -38,16 +40,27 @@ class ChatHandler:
     def __init__(self, serving: Serving):
         self.s = serving
 
-    def _multimodal_inputs(self, rendered: RenderedPrompt, token_ids: list[int]) -> dict:
-        """The seam for images: engine keyword arguments (mm_items, mrope) for this prompt.
-        The multimodal layer replaces this; until then images are refused with the reason."""
+    async def _multimodal_inputs(self, rendered: RenderedPrompt, token_ids: list[int]
+                                 ) -> tuple[list[int], dict]:
+        """Token ids with each image's placeholder expanded, and the engine's image inputs.
+        Fetching, decoding and preprocessing run in a worker thread: never on the event loop
+        that feeds the other streams."""
         if not rendered.images:
-            return {}
-        hf_config = self.s.engine.core.loaded.hf_config
-        if getattr(hf_config, "vision_config", None) is None:
+            return token_ids, {}
+        mm_processor = self.s.engine.engine.mm_processor
+        if mm_processor is None:
             raise bad_request(f"model {self.s.served_names[0]!r} does not accept image input "
                               "(it has no vision encoder)", "messages")
-        raise bad_request("image input is not wired into this server build yet", "messages")
+
+        def build():
+            images = mm_processor.load_images([ref.url for ref in rendered.images])
+            return mm_processor.build(token_ids, images)
+
+        try:
+            mm = await asyncio.to_thread(build)
+        except MediaError as exc:
+            raise bad_request(str(exc), "messages") from exc
+        return mm.token_ids, {"mm_items": mm.items, "mrope": mm.mrope}
 
     async def create(self, req: ChatCompletionRequest):
         s = self.s
@@ -74,8 +87,8 @@ class ChatHandler:
             content_as_parts=getattr(hf_config, "vision_config", None) is not None
             and s.settings.chat_template_content_format != "string")
         token_ids = await s.tokenize(rendered.prompt, add_special_tokens=False)
+        token_ids, mm = await self._multimodal_inputs(rendered, token_ids)
         s.check_length(token_ids, "messages")
-        mm = self._multimodal_inputs(rendered, token_ids)
         split = req.return_reasoning if req.return_reasoning is not None \
             else s.settings.reasoning_parser is not None
         in_reasoning = split and prompt_opens_thinking(rendered.prompt)
