@@ -67,3 +67,17 @@ def test_abort_while_a_step_is_in_flight_frees_everything(path):
     ref = engine(path, False).generate([PROMPTS[0], PROMPTS[2]], params)
     assert [o.outputs[0].token_ids for o in ref] == \
         [finished["r0"].outputs[0].token_ids, finished["r2"].outputs[0].token_ids]
+
+
+def test_warm_up_leaves_a_clean_engine(path):
+    """The start-up warm-up (run on CUDA) on this device: afterwards no request, no held block,
+    no counted token, and outputs as from a fresh engine."""
+    llm = engine(path, True)
+    core = llm.engine.core
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    before = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+    core.warm_up()
+    assert not core.requests and core._inflight is None
+    assert core.kv.num_free_blocks == core.kv.num_blocks
+    assert core.num_prompt_tokens_total == 0 and core.kv.prefix_hits == 0
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)] == before

@@ -17,6 +17,7 @@ from autoglm_serve.engine.kv_cache import KVCacheManager
 from autoglm_serve.engine.model_setup import LoadedModel, load_model, text_config
 from autoglm_serve.engine.request import Request, RequestStatus
 from autoglm_serve.engine.runner import InFlightStep, ModelRunner
+from autoglm_serve.engine.scheduler import Scheduler
 from autoglm_serve.engine.sampler import SamplerOutput
 from autoglm_serve.models.layers.attention import AttentionBackend
 
@@ -84,21 +85,20 @@ class EngineCore:
         self.runner = self._make_runner()
         self.cache = self._size_kv_cache()
         self.runner.allocate_kv_cache(self.cache.num_blocks)
-        if self.device.type == "cuda":
-            from autoglm_serve.kernels import fused_ops
-            fused_ops.self_check(self.device, self.loaded.dtype)
-            if not config.enforce_eager and self.runner.backend.name == "triton":
-                self.runner.capture_cuda_graphs()
-            self.warm_up()
         self.kv = KVCacheManager(self.cache.num_blocks, config.block_size,
                                  config.enable_prefix_caching)
-        from autoglm_serve.engine.scheduler import Scheduler
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill, self.max_model_len)
         self._inflight: InFlightStep | None = None
         self.requests: dict[str, Request] = {}
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
+        if self.device.type == "cuda":
+            from autoglm_serve.kernels import fused_ops
+            fused_ops.self_check(self.device, self.loaded.dtype)
+            if not config.enforce_eager and self.runner.backend.name == "triton":
+                self.runner.capture_cuda_graphs()
+            self.warm_up()
 
     def _make_runner(self) -> ModelRunner:
         backend = select_backend(self.config.attention_backend, self.device)
