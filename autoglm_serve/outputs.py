@@ -45,5 +45,4 @@ class RequestOutput:
     metrics: RequestMetrics
     num_cached_tokens: int = 0
     num_preemptions: int = 0
-    encoder_cache_hits: int = 0
     extra: dict = field(default_factory=dict)

@@ -7,7 +7,7 @@ steps, mixed with other requests' decodes) and a KV cache too small for all requ
 import pytest
 
 from autoglm_serve import SamplingParams
-from tests.engine_helpers import generate, sibling_llm
+from tests.engine_helpers import sibling_llm
 
 QUESTIONS = [
     "Hi",
@@ -61,7 +61,7 @@ def _check_crowded_run(llm, outs):
 def test_greedy_alone_equals_in_crowded_batch(default_llm, crowded, prompts):
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
     before = crowded.engine.core.scheduler.num_preemptions
-    batch = generate(crowded, prompts, params)
+    batch = crowded.generate(prompts, params)
     assert crowded.engine.core.scheduler.num_preemptions > before
     preempted = _check_crowded_run(crowded, batch)
     # Alone on the default engine: whole-prompt prefill, no preemption. Checked for the first
@@ -76,7 +76,7 @@ def test_greedy_alone_equals_in_crowded_batch(default_llm, crowded, prompts):
 def test_seeded_sampling_alone_equals_in_crowded_batch(default_llm, crowded, prompts):
     params = [SamplingParams(temperature=0.8, seed=1000 + i, max_tokens=NEW_TOKENS,
                              ignore_eos=True) for i in range(len(prompts))]
-    batch = generate(crowded, prompts, params)
+    batch = crowded.generate(prompts, params)
     preempted = _check_crowded_run(crowded, batch)
     for i in sorted({0, *preempted[:2]}):
         alone = default_llm.generate([prompts[i]], params[i])[0]

@@ -4,7 +4,7 @@ import random
 import pytest
 
 from autoglm_serve import LLM, SamplingParams
-from tests.engine_helpers import generate, sibling_llm
+from tests.engine_helpers import sibling_llm
 from tests.tiny_models import build_tiny_decoder
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -55,24 +55,24 @@ def test_shared_prefix_is_prefilled_once_and_outputs_match(engines, prefix):
     kv = cached.engine.core.kv
     first = prefix + [28, 4326, 314, 253, 2203, 30]
     second = prefix + [1350, 314, 260, 16120, 3284, 30, 22, 4521, 30]
-    out1 = generate(cached, [first], GREEDY)[0]
+    out1 = cached.generate([first], GREEDY)[0]
     assert out1.num_cached_tokens == 0
     hits, queries = kv.prefix_hits, kv.prefix_queries
     counts, restore = prefilled_tokens(cached)
     try:
-        out2 = generate(cached, [second], GREEDY)[0]
+        out2 = cached.generate([second], GREEDY)[0]
     finally:
         restore()
     assert out2.num_cached_tokens == 192                  # 12 full blocks of the 200 shared
     assert kv.prefix_hits - hits == 192 and kv.prefix_queries - queries == len(second)
     assert counts[0] == len(second) - 192                 # only the rest was prefilled
-    ref1, ref2 = generate(uncached, [first, second], GREEDY)
+    ref1, ref2 = uncached.generate([first, second], GREEDY)
     assert ref2.num_cached_tokens == 0 and uncached.engine.core.kv.prefix_hits == 0
     assert out1.outputs[0].token_ids == ref1.outputs[0].token_ids
     assert out2.outputs[0].token_ids == ref2.outputs[0].token_ids
     # all blocks free once done, yet still cached: the same prompt again reuses them
     assert kv.num_free_blocks == kv.num_blocks
-    again = generate(cached, [second], GREEDY)[0]
+    again = cached.generate([second], GREEDY)[0]
     assert again.num_cached_tokens == (len(second) - 1) // 16 * 16
     assert again.outputs[0].token_ids == out2.outputs[0].token_ids
 
@@ -82,9 +82,9 @@ def test_different_prompts_never_share(engines, prefix):
     kv = cached.engine.core.kv
     hits = kv.prefix_hits
     # never seen first tokens: nothing in common with anything cached so far
-    outs = generate(cached, [[42] + prefix[1:100], [43] + prefix[1:100]], GREEDY)
+    outs = cached.generate([[42] + prefix[1:100], [43] + prefix[1:100]], GREEDY)
     assert [o.num_cached_tokens for o in outs] == [0, 0]
-    out = generate(cached, [[43] + prefix[1:100]], GREEDY)[0]   # but itself, yes
+    out = cached.generate([[43] + prefix[1:100]], GREEDY)[0]   # but itself, yes
     assert out.num_cached_tokens == 96
     assert kv.prefix_hits - hits == 96
 

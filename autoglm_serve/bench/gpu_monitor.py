@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -145,6 +145,10 @@ class GpuMonitor:
         close = getattr(self._sampler, "close", None)
         if close:
             close()
+
+    def timeline(self, t0: float) -> list[dict]:
+        """Every sample as JSON, its time relative to t0 (for the plots)."""
+        return [dict(asdict(s), time=s.time - t0) for s in self.samples]
 
     def stats(self, t0: float, t1: float) -> GpuStats:
         return gpu_stats([s for s in self.samples if t0 <= s.time <= t1])

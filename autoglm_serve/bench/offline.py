@@ -219,7 +219,7 @@ def run_offline_bench(cfg: OfflineBenchConfig) -> dict[str, Any]:
         if monitor:
             monitor.stop()
     if monitor:
-        result["gpu_samples"] = [dict(asdict(s), time=s.time - t0) for s in monitor.samples]
+        result["gpu_samples"] = monitor.timeline(t0)
     return result
 
 

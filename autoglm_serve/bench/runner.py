@@ -191,7 +191,7 @@ async def run_serve_bench(cfg: ServeBenchConfig) -> dict[str, Any]:
             if monitor:
                 monitor.stop()
     if monitor:
-        result["gpu_samples"] = [dict(asdict(s), time=s.time - t0) for s in monitor.samples]
+        result["gpu_samples"] = monitor.timeline(t0)
     return result
 
 

@@ -211,6 +211,7 @@ def fig_ttft(llm, args, mon, rng, floor, cfg) -> dict:
                 if not hasattr(llm, "generate_multimodal"):
                     raise
                 out = llm.generate_multimodal(req, images=[img], sampling_params=sp)[0]
+        encoder = llm.engine.core.runner.encoder_cache
         wall = time.monotonic() - t0
         m = out.metrics
         ids = list(out.prompt_token_ids)
@@ -218,7 +219,7 @@ def fig_ttft(llm, args, mon, rng, floor, cfg) -> dict:
                     queue_ms=1e3 * ((m.first_scheduled_time or m.arrival_time) - m.arrival_time),
                     prompt_tokens=len(ids), image_tokens=sum(1 for t in ids if t == image_id),
                     cached_tokens=getattr(out, "num_cached_tokens", None),
-                    encoder_cache_hits=getattr(out, "encoder_cache_hits", None))
+                    encoder_cache_hits=encoder.hits if encoder is not None else None)
 
     start = time.monotonic()
     res = dict(path=path, max_pixels=args.max_pixels)
