@@ -8,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-bench_out/cpu_compare}
 PY=.venv/bin/python
+export HF_HUB_OFFLINE=1   # never look a name up on a hub
 mkdir -p "$OUT"
 COPY="$OUT/smollm2-safetensors"
 [ -f "$COPY/config.json" ] || $PY -c "
@@ -15,7 +16,7 @@ import sys; sys.path.insert(0, 'scripts')
 from pathlib import Path; from bench_cpu_server import safetensors_copy
 safetensors_copy(Path('$COPY'))"
 BENCH=(--dataset random --num-prompts 48 --input-len 64 --output-len 48 --temperature 0
-       --max-concurrency 1,4,16 --seed 0)
+       --max-concurrency 1,4,16 --seed 0 --tokenizer "$COPY")
 
 wait_health() {
   for _ in $(seq 600); do curl -sf "$1/health" >/dev/null && return 0; sleep 1; done

@@ -229,10 +229,13 @@ def main() -> int:
     print(table([off]), flush=True)
 
     rows = [same]
-    if not args.skip_transformers and shutil.which("transformers"):
+    # the `transformers` CLI of this interpreter's environment (the venv need not be on PATH)
+    hf_cli = Path(sys.executable).with_name("transformers")
+    hf_cli = str(hf_cli) if hf_cli.exists() else shutil.which("transformers")
+    if not args.skip_transformers and hf_cli:
         model_dir = safetensors_copy(work / "smollm2-safetensors")
         port = free_port()
-        hf = Server(["transformers", "serve", str(model_dir), "--continuous-batching",
+        hf = Server([hf_cli, "serve", str(model_dir), "--continuous-batching",
                      "--device", "cpu", "--dtype", "float32", "--host", "127.0.0.1",
                      "--port", str(port)], port, work / "transformers.log")
         try:

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from autoglm_serve.engine.host_transfer import to_device
 from autoglm_serve.engine.request import Request
 from autoglm_serve.engine.sampler import Sampler, SamplerOutput, SamplingBatch, SamplingRow
 from autoglm_serve.engine.scheduler import ScheduledRequest
@@ -99,7 +100,6 @@ class ModelRunner:
         # Observer of every step's logits (tests compare them with transformers).
         self.logits_hook: Callable[[list[Request], torch.Tensor], None] | None = None
         self.encoder_cache = EncoderCache() if hasattr(model, "embed_images") else None
-        self.pin = device.type == "cuda"
         self.graphs = None      # DecodeGraphs once captured (CUDA, triton backend)
         self._prev_tokens: torch.Tensor | None = None   # the last launched step's samples
         self._prev_rows: dict[str, int] = {}
@@ -136,10 +136,7 @@ class ModelRunner:
         return torch.cat(parts, dim=1)
 
     def _to_device(self, data, dtype) -> torch.Tensor:
-        t = torch.as_tensor(data, dtype=dtype)
-        if self.pin:
-            return t.pin_memory().to(self.device, non_blocking=True)
-        return t.to(self.device)
+        return to_device(data, dtype, self.device)
 
     def prepare_host(self, scheduled: list[ScheduledRequest]) -> HostBatch:
         """The step's flat inputs on the host, decodes first (the attention contract)."""
@@ -193,7 +190,7 @@ class ModelRunner:
                          torch.from_numpy(seq_lens), torch.from_numpy(tables), num_decodes,
                          int(query_lens.max()), logits_rows, has_images, feed_at, feed_from)
 
-    def to_device(self, hb: HostBatch):
+    def device_inputs(self, hb: HostBatch):
         meta = AttentionMetadata(
             num_seqs=len(hb.batch), num_decodes=hb.num_decodes, num_tokens=len(hb.input_ids),
             max_query_len=hb.max_query_len, max_seq_len=int(hb.seq_lens.max()),
@@ -222,7 +219,7 @@ class ModelRunner:
                              hb.block_tables)
             self._feed(self.graphs.input_ids, hb)
             return self.graphs.replay(n)
-        ids, pos, meta, logits_index = self.to_device(hb)
+        ids, pos, meta, logits_index = self.device_inputs(hb)
         self._feed(ids, hb)
         inputs_embeds = self.multimodal_embeddings(hb.batch, ids)
         hidden = self.model(ids, pos, meta, inputs_embeds=inputs_embeds)
@@ -279,10 +276,6 @@ class ModelRunner:
     def _pinned_tokens(self, n: int) -> torch.Tensor:
         """A fresh pinned buffer per step: the previous step's may still be read."""
         return torch.empty(n, dtype=torch.int64, pin_memory=True)
-
-    def execute(self, scheduled: list[ScheduledRequest]) -> StepResult:
-        """Launch and wait (the synchronous path)."""
-        return self.launch(scheduled).result()
 
     def multimodal_embeddings(self, batch: list[ScheduledRequest],
                               ids: torch.Tensor) -> torch.Tensor | None:

@@ -20,19 +20,11 @@ from itertools import chain
 
 import torch
 
+from autoglm_serve.engine.host_transfer import to_device
 from autoglm_serve.sampling_params import SamplingParams
 
 # exponential_ may return exactly 0 (u == 0); p / 0 would be inf or NaN, and argmax favours NaN.
 _TINY = torch.finfo(torch.float32).tiny
-
-
-def to_device(data, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Host data onto the device without a stream sync: a copy from pageable memory waits for
-    all queued GPU work (it would stall the step in flight); from pinned memory it does not."""
-    t = torch.as_tensor(data, dtype=dtype)
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
 
 
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
