@@ -97,11 +97,10 @@ class OutputProcessor:
                     child.cumulative_logprob += lp.sampled_logprob
             if child.detok is not None:
                 child.detok.add_tokens(out.new_token_ids)
-                if child.detok.stop_reason is not None and out.finish_reason is None:
+                if child.detok.stop_reason is not None:
                     child.finish_reason, child.stop_reason = "stop", child.detok.stop_reason
-                    to_abort.append(out.request_id)
-                elif child.detok.stop_reason is not None:
-                    child.finish_reason, child.stop_reason = "stop", child.detok.stop_reason
+                    if out.finish_reason is None:   # the core still runs it: stop it there
+                        to_abort.append(out.request_id)
             if child.finish_reason is None and out.finish_reason is not None:
                 child.finish_reason, child.stop_reason = out.finish_reason, out.stop_reason
             touched[parent] = state
