@@ -17,23 +17,21 @@ are skipped, so a caller may stream the whole checkpoint through it.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from autoglm_serve.kernels import fused_ops_enabled
+from autoglm_serve.models.layers.activation import SiluAndMul
+from autoglm_serve.models.layers.norm import RMSNorm
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # statistics in float32 (bf16 sums of 1536 squares lose too much), weight applied in x's dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+# SDPA kernels to try first on CUDA, in order (None: PyTorch's own choice). A phone screenshot
+# is one ~12k-token full-attention sequence per block, where the kernels differ most.
+SDPA_BACKENDS: list[SDPBackend] | None = None
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -50,12 +48,19 @@ class VisionAttention(nn.Module):
         self.proj = nn.Linear(hidden, hidden, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: list[int]) -> torch.Tensor:
+        """cos, sin: [N, head_dim // 2] float32, shared by both halves of every head."""
         n = x.shape[0]
-        q, k, v = self.qkv(x).view(n, 3, self.num_heads, self.head_dim).unbind(1)
-        # rotary in float32, like the reference, then back to the activation dtype
-        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-        q = (q.float() * c + _rotate_half(q.float()) * s).to(v.dtype)
-        k = (k.float() * c + _rotate_half(k.float()) * s).to(v.dtype)
+        qkv = self.qkv(x).view(n, 3, self.num_heads, self.head_dim)
+        if qkv.is_cuda and fused_ops_enabled():
+            from autoglm_serve.kernels.vision_rotary import rotate_qk_
+            q, k, v = rotate_qk_(qkv, cos, sin).unbind(1)
+        else:
+            q, k, v = qkv.unbind(1)
+            # rotary in float32, like the reference, then back to the activation dtype
+            c = torch.cat((cos, cos), dim=-1).unsqueeze(1)
+            s = torch.cat((sin, sin), dim=-1).unsqueeze(1)
+            q = (q.float() * c + _rotate_half(q.float()) * s).to(v.dtype)
+            k = (k.float() * c + _rotate_half(k.float()) * s).to(v.dtype)
         out = self.attend(q, k, v, cu_seqlens)
         return self.proj(out.reshape(n, -1))
 
@@ -65,12 +70,15 @@ class VisionAttention(nn.Module):
 
         The one place to swap in a varlen kernel (flash-attn style cu_seqlens)."""
         out = torch.empty_like(q)
-        for start, end in zip(cu_seqlens[:-1], cu_seqlens[1:]):
-            # 4-D [1, heads, L, D]: SDPA's flash and memory-efficient kernels take only 4-D
-            # inputs; 3-D ones fall back to the math path, which materializes the L x L scores
-            # (12k x 12k per head for a phone screenshot: ~15x slower on an H200).
-            seg = [t[start:end].transpose(0, 1).unsqueeze(0) for t in (q, k, v)]
-            out[start:end] = F.scaled_dot_product_attention(*seg)[0].transpose(0, 1)
+        prefer = (sdpa_kernel(SDPA_BACKENDS, set_priority=True) if q.is_cuda and SDPA_BACKENDS
+                  else nullcontext())
+        with prefer:
+            for start, end in zip(cu_seqlens[:-1], cu_seqlens[1:]):
+                # 4-D [1, heads, L, D]: SDPA's flash and memory-efficient kernels take only 4-D
+                # inputs; 3-D ones fall back to the math path, which materializes the L x L
+                # scores (12k x 12k per head for a phone screenshot: ~15x slower on an H200).
+                seg = [t[start:end].transpose(0, 1).unsqueeze(0) for t in (q, k, v)]
+                out[start:end] = F.scaled_dot_product_attention(*seg)[0].transpose(0, 1)
         return out
 
 
@@ -81,13 +89,16 @@ class GatedMLP(nn.Module):
         super().__init__()
         self.gate_up = nn.Linear(dim, 2 * inner, bias=False)
         self.down = nn.Linear(inner, dim, bias=False)
+        self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(F.silu(gate) * up)
+        return self.down(self.act(self.gate_up(x)))
 
 
 class VisionBlock(nn.Module):
+    """x + attn(norm1(x)), then + mlp(norm2(.)), passed on as (last branch output, residual)
+    so that every residual add is folded into the norm that follows it (one fused pass on CUDA)."""
+
     def __init__(self, hidden: int, num_heads: int, mlp_dim: int, eps: float, qkv_bias: bool):
         super().__init__()
         self.norm1 = RMSNorm(hidden, eps)
@@ -95,9 +106,14 @@ class VisionBlock(nn.Module):
         self.norm2 = RMSNorm(hidden, eps)
         self.mlp = GatedMLP(hidden, mlp_dim)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: list[int]) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), cos, sin, cu_seqlens)
-        return x + self.mlp(self.norm2(x))
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
+                sin: torch.Tensor, cu_seqlens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, normed = hidden, self.norm1(hidden)
+        else:
+            normed, residual = self.norm1(hidden, residual)
+        normed, residual = self.norm2(self.attn(normed, cos, sin, cu_seqlens), residual)
+        return self.mlp(normed), residual
 
 
 class PatchMerger(nn.Module):
@@ -179,14 +195,14 @@ class Glm4vVisionTower(nn.Module):
         x = x + self._position_embedding(rows_cols, grids).to(dtype)
 
         freqs = rows_cols.float().unsqueeze(-1) * self.inv_freq                 # N, 2, D/4
-        emb = torch.cat([freqs[:, 0], freqs[:, 1]], dim=-1)
-        emb = torch.cat([emb, emb], dim=-1)                                      # N, D
-        cos, sin = emb.cos(), emb.sin()
+        angles = torch.cat([freqs[:, 0], freqs[:, 1]], dim=-1)                  # N, D/2
+        cos, sin = angles.cos(), angles.sin()
 
+        residual = None
         for block in self.blocks:
-            x = block(x, cos, sin, cu_seqlens)
+            x, residual = block(x, residual, cos, sin, cu_seqlens)
 
-        x = self.post_norm(x)
+        x = self.post_norm(x, residual)[0] if residual is not None else self.post_norm(x)
         x = self.downsample(x.reshape(-1, self.merge ** 2 * self.hidden))      # 4 adjacent rows = one window
         return self.merger(x)
 
