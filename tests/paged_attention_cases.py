@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from autoglm_serve.models.layers.attention import AttentionMetadata
-from autoglm_serve.models.layers.torch_attention import TorchAttentionBackend
+from autoglm_serve.models.layers.attention import AttentionMetadata, Rope
+from autoglm_serve.models.layers.rotary import RotaryEmbedding
+from autoglm_serve.models.layers.torch_attention import TorchAttentionBackend, write_kv_cache
 
 
 @dataclass
@@ -102,4 +103,45 @@ def check_backend(backend, batch: Batch) -> float:
     assert torch.equal(cache.nan_to_num(0.0), ref_cache), "KV cache write differs"
     err = rel_err(out[batch.valid_rows], ref[batch.valid_rows])
     assert err < TOLERANCE[batch.q.dtype], f"relative error {err:.2e}"
+    return err
+
+
+def check_backend_with_rotary(backend, batch: Batch, rotary: RotaryEmbedding,
+                              positions: torch.Tensor | None = None) -> float:
+    """A backend that fuses rotary, fed un-rotated q/k plus this step's Rope, against the oracle
+    fed q/k rotated by RotaryEmbedding's PyTorch path (on the CPU): q must come back rotated in
+    place, the slots of this step must hold the oracle's rotated K and V and every other cache
+    element must be untouched (padding rows write nothing), and the outputs must agree. Returns
+    the output's relative error. positions (CPU; [T], or [3, T] for M-RoPE) are drawn at random
+    unless given."""
+    device = batch.q.device
+    if positions is None:
+        positions = torch.randint(0, rotary.cos_cache.shape[0], (batch.q.shape[0],))
+    cos, sin = rotary.cos_sin(positions)
+    t = batch.q.shape[0]
+    ref_q, ref_k = rotary.apply(batch.q.cpu().reshape(t, -1), batch.k.cpu().reshape(t, -1),
+                                cos, sin)
+    ref_q = ref_q.view_as(batch.q).to(device)
+    ref_k = ref_k.view_as(batch.k).to(device)
+    ref_cache = batch.kv_cache.clone()
+    write_kv_cache(ref_k, batch.v, ref_cache, batch.meta.slot_mapping)
+
+    q, cache = batch.q.clone(), batch.kv_cache.clone()
+    out = torch.full_like(q, float("nan"))
+    backend.forward(q, batch.k.clone(), batch.v, cache, batch.meta, batch.scale, out=out,
+                    rope=Rope(cos.to(device), sin.to(device), rotary.interleaved))
+    tol = TOLERANCE[batch.q.dtype]
+    assert rel_err(q, ref_q) < tol, "q not rotated in place"
+    slots = batch.meta.slot_mapping[batch.meta.slot_mapping >= 0]
+    blocks, offsets = slots // cache.shape[3], slots % cache.shape[3]
+    assert rel_err(cache[:, blocks, :, offsets], ref_cache[:, blocks, :, offsets]) < tol, \
+        "rotated K / V written wrong"
+    cache[:, blocks, :, offsets] = ref_cache[:, blocks, :, offsets]
+    assert torch.equal(cache.isnan(), ref_cache.isnan()), "written outside this step's slots"
+    assert torch.equal(cache.nan_to_num(0.0), ref_cache.nan_to_num(0.0))
+    ref = TorchAttentionBackend().forward(ref_q, ref_k, batch.v, ref_cache.nan_to_num(0.0),
+                                          batch.meta, batch.scale)
+    assert not out[batch.valid_rows].isnan().any(), "output rows left unwritten or NaN"
+    err = rel_err(out[batch.valid_rows], ref[batch.valid_rows])
+    assert err < tol, f"relative error {err:.2e}"
     return err

@@ -16,13 +16,16 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 pytest.importorskip("triton")
 
-from autoglm_serve.models.layers.attention import AttentionMetadata  # noqa: E402
+from autoglm_serve.models.glm4v import MRotaryEmbedding  # noqa: E402
+from autoglm_serve.models.layers.attention import AttentionMetadata, Rope  # noqa: E402
+from autoglm_serve.models.layers.rotary import RotaryEmbedding  # noqa: E402
 from autoglm_serve.models.layers.torch_attention import (  # noqa: E402
     TorchAttentionBackend, gather_kv, write_kv_cache)
 from autoglm_serve.models.layers.triton_attention import TritonAttentionBackend  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from paged_attention_cases import TOLERANCE, check_backend, make_batch, rel_err  # noqa: E402
+from paged_attention_cases import (  # noqa: E402
+    TOLERANCE, check_backend, check_backend_with_rotary, make_batch, rel_err)
 
 DEV = "cuda"
 MODEL = dict(num_heads=32, num_kv_heads=2, head_dim=128)
@@ -121,10 +124,14 @@ def test_mixed_batch_with_padding(backend, dtype):
     check_backend(backend, b)
 
 
-def test_cuda_graph_decode_replay(backend):
+@pytest.mark.parametrize("fused_rotary", [False, True])
+def test_cuda_graph_decode_replay(backend, fused_rotary):
     """Capture one decode step, then replay it on new contexts (longer, shorter, padding rows)
-    copied into the same buffers: the launches must not depend on what was captured."""
+    copied into the same buffers: the launches must not depend on what was captured. With
+    fused_rotary, q and k go in un-rotated with GLM's cos/sin, as in the model's graphs."""
     n, pad, block_size, dtype = 6, 2, 16, torch.bfloat16
+    rotary = RotaryEmbedding(MODEL["head_dim"], MODEL["head_dim"] // 2, 40000, 10000.0,
+                             interleaved=True)
     batches = [make_batch(_lens(1, 4000, n), [], block_size=block_size, dtype=dtype, device=DEV,
                           padding_rows=pad, **MODEL) for _ in range(2)]
     batches.append(make_batch([32768] + _lens(1, 9000, n - 1), [], block_size=block_size,
@@ -134,6 +141,9 @@ def test_cuda_graph_decode_replay(backend):
     cache = torch.empty((2, num_blocks) + batches[0].kv_cache.shape[2:], dtype=dtype, device=DEV)
     tables = torch.zeros((n + pad, width), dtype=torch.int32, device=DEV)
     q, k, v = (torch.empty_like(x) for x in (batches[0].q, batches[0].k, batches[0].v))
+    cos = torch.empty(n + pad, MODEL["head_dim"] // 4, device=DEV)
+    sin = torch.empty_like(cos)
+    rope = Rope(cos, sin, interleaved=True) if fused_rotary else None
     m0 = batches[0].meta
     meta = AttentionMetadata(
         num_seqs=n + pad, num_decodes=n + pad, num_tokens=n + pad, max_query_len=1,
@@ -143,6 +153,7 @@ def test_cuda_graph_decode_replay(backend):
     out = torch.empty_like(q)
 
     def load(b):
+        """Copies b into the graph's buffers; returns the q and k the oracle attends with."""
         cache.fill_(float("nan"))
         cache[:, :b.kv_cache.shape[1]] = b.kv_cache
         tables.zero_()
@@ -152,25 +163,61 @@ def test_cuda_graph_decode_replay(backend):
         for dst, src in ((q, b.q), (k, b.k), (v, b.v)):
             dst.copy_(src)
         out.fill_(float("nan"))
+        if not fused_rotary:
+            return b.q, b.k
+        positions = meta.seq_lens.cpu().long().clamp(min=1) - 1
+        c, s = rotary.cos_sin(positions)
+        cos.copy_(c)
+        sin.copy_(s)
+        ref_q, ref_k = rotary.apply(b.q.cpu().flatten(1), b.k.cpu().flatten(1), c, s)
+        return ref_q.view_as(b.q).to(DEV), ref_k.view_as(b.k).to(DEV)
 
     load(batches[0])
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up compiles the kernels outside the capture
-        backend.forward(q, k, v, cache, meta, batches[0].scale, out=out)
+        backend.forward(q, k, v, cache, meta, batches[0].scale, out=out, rope=rope)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        backend.forward(q, k, v, cache, meta, batches[0].scale, out=out)
+        backend.forward(q, k, v, cache, meta, batches[0].scale, out=out, rope=rope)
 
-    for b in batches:
-        load(b)
+    for b in batches * 2:   # twice: replays must find the split-K counters reset
+        ref_q, ref_k = load(b)
         graph.replay()
         ref_cache = b.kv_cache.nan_to_num(0.0)
-        ref = TorchAttentionBackend().forward(b.q, b.k, b.v, ref_cache, b.meta, b.scale)
+        ref = TorchAttentionBackend().forward(ref_q, ref_k, b.v, ref_cache, b.meta, b.scale)
         assert not out.isnan().any()
-        assert torch.equal(cache[:, :b.kv_cache.shape[1]].nan_to_num(0.0), ref_cache)
+        got_cache = cache[:, :b.kv_cache.shape[1]].nan_to_num(0.0)
+        if fused_rotary:
+            assert rel_err(got_cache, ref_cache) < TOLERANCE[dtype]
+            assert rel_err(q, ref_q) < TOLERANCE[dtype]
+        else:
+            assert torch.equal(got_cache, ref_cache)
         assert rel_err(out, ref) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("interleaved,rotary_dim", [(True, 64), (False, 128)])
+@pytest.mark.parametrize("num_decodes", [1, 3, 64])
+def test_rotary_fused_into_kv_write(backend, dtype, interleaved, rotary_dim, num_decodes):
+    # GLM's partial interleaved rotary and Llama's full half-split one at the model's shapes,
+    # decode-only batches with padding rows, and a mixed batch with prefill chunks.
+    rotary = RotaryEmbedding(MODEL["head_dim"], rotary_dim, 32768, 10000.0, interleaved)
+    prefills = [(0, 300), (1000, 77)] if num_decodes == 3 else []
+    b = make_batch(_lens(1, 4000, num_decodes), prefills, block_size=16, dtype=dtype,
+                   device=DEV, padding_rows=2, **MODEL)
+    check_backend_with_rotary(backend, b, rotary)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rotary_fused_into_kv_write_mrope(backend, dtype):
+    # AutoGLM-Phone-9B's M-RoPE: per-frequency positions from the temporal/height/width rows
+    rotary = MRotaryEmbedding(MODEL["head_dim"], 64, 32768, 10000.0, [8, 12, 12])
+    b = make_batch(_lens(1, 3000, 4), [(0, 200)], block_size=16, dtype=dtype, device=DEV,
+                   **MODEL)
+    positions = torch.randint(0, 3000, (3, b.q.shape[0]))
+    check_backend_with_rotary(backend, b, rotary, positions)
 
 
 @pytest.mark.parametrize("causal", [False, True])

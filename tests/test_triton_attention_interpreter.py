@@ -36,7 +36,8 @@ import triton.runtime.interpreter as interpreter  # noqa: E402
 from autoglm_serve.models.layers.triton_attention import TritonAttentionBackend  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from paged_attention_cases import TOLERANCE, check_backend, make_batch, rel_err  # noqa: E402
+from paged_attention_cases import (  # noqa: E402
+    TOLERANCE, check_backend, check_backend_with_rotary, make_batch, rel_err)
 
 
 # Two bugs of the Triton 3.6 interpreter (not of the kernels), patched for this process only:
@@ -158,3 +159,25 @@ def test_varlen_attention(causal, dtype):
     ref = sdpa_varlen_attention(q.float(), k.float(), v.float(), cu.tolist(), 80 ** -0.5, causal)
     assert not out.isnan().any()
     assert rel_err(out, ref) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("interleaved,head_dim,rotary_dim", [(True, 32, 16), (False, 16, 16),
+                                                             (False, 24, 12)])
+def test_rotary_fused_into_kv_write(backend, dtype, interleaved, head_dim, rotary_dim):
+    # GLM's partial interleaved pairs, Llama's full half-split ones, a non-power-of-two half;
+    # decodes, a padding row and a prefill with a cached prefix in one batch.
+    from autoglm_serve.models.layers.rotary import RotaryEmbedding
+    rotary = RotaryEmbedding(head_dim, rotary_dim, 1024, 10000.0, interleaved)
+    b = make_batch([1, 40], [(20, 5)], num_heads=6, num_kv_heads=2, head_dim=head_dim,
+                   block_size=16, dtype=dtype, device="cpu", padding_rows=1)
+    check_backend_with_rotary(backend, b, rotary)
+
+
+@pytest.mark.parametrize("num_decodes", [1, 3])
+def test_rotary_fused_into_kv_write_decode_only(backend, num_decodes):
+    from autoglm_serve.models.layers.rotary import RotaryEmbedding
+    rotary = RotaryEmbedding(32, 16, 1024, 10000.0, interleaved=True)
+    b = make_batch([7, 70, 130][:num_decodes], [], num_heads=8, num_kv_heads=2, head_dim=32,
+                   block_size=16, dtype=torch.float32, device="cpu", padding_rows=2)
+    check_backend_with_rotary(backend, b, rotary)

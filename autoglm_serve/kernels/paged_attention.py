@@ -1,9 +1,9 @@
 """Triton kernels for attention over the paged KV cache.
 
 Cache layout (see models/layers/attention.py):
-``[2, num_blocks, num_kv_heads, block_size, head_dim]``. Three kernels:
+``[2, num_blocks, num_kv_heads, block_size, head_dim]``, this step's K/V already written to it
+(kernels/kv_write.py). Two kernels:
 
-- ``write_kv_cache``: scatters this step's K/V rows into their slots (slot -1 = padding, skipped).
 - ``decode_attention``: one query token per sequence. A program owns one (sequence, KV head,
   context partition) and puts the whole GQA group of query heads in the M dim of ``tl.dot``, so each
   K/V tile is read from HBM once for all heads sharing it. Long contexts are split into partitions
@@ -49,50 +49,6 @@ def _num_stages(kv_tile_bytes: int, resident_bytes: int = 0) -> int:
 def _dot_precision(dtype: torch.dtype) -> str:
     # fp32 callers want fp32 accuracy (tests compare at 1e-4): no tf32 truncation in the dots.
     return "ieee" if dtype == torch.float32 else "tf32"
-
-
-# ----------------------------------------------------------------------------------------------
-# KV cache write
-# ----------------------------------------------------------------------------------------------
-
-@triton.jit
-def _write_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr,
-                     stride_kt, stride_kh, stride_vt, stride_vh,
-                     stride_c_kv, stride_c_block, stride_c_head, stride_c_tok,
-                     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    # One program per token: all its KV heads at once (2 x 128 values for the 9B model).
-    t = tl.program_id(0)
-    slot = tl.load(slot_ptr + t).to(tl.int64)
-    if slot < 0:
-        return
-    block = slot // BLOCK_SIZE
-    offset = slot % BLOCK_SIZE
-    h = tl.arange(0, BLOCK_H)
-    d = tl.arange(0, BLOCK_D)
-    mask = (h[:, None] < NUM_KV_HEADS) & (d[None, :] < HEAD_DIM)
-    dst = cache_ptr + block * stride_c_block + h[:, None] * stride_c_head + offset * stride_c_tok \
-        + d[None, :]
-    src_t = t.to(tl.int64)
-    k = tl.load(k_ptr + src_t * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask)
-    v = tl.load(v_ptr + src_t * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
-    tl.store(dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(dst + stride_c_kv, v.to(cache_ptr.dtype.element_ty), mask=mask)
-
-
-def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                   slot_mapping: torch.Tensor) -> None:
-    """k, v: [T, Hkv, D] (last dim contiguous); writes row t to slot slot_mapping[t] unless -1."""
-    num_tokens, num_kv_heads, head_dim = k.shape
-    if num_tokens == 0:
-        return
-    assert k.stride(-1) == 1 and v.stride(-1) == 1 and kv_cache.stride(-1) == 1
-    _write_kv_kernel[(num_tokens,)](
-        k, v, kv_cache, slot_mapping,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
-        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=kv_cache.shape[3],
-        BLOCK_H=_next_pow2(num_kv_heads), BLOCK_D=_next_pow2(head_dim), num_warps=1)
 
 
 # ----------------------------------------------------------------------------------------------

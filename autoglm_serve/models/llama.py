@@ -20,7 +20,8 @@ def head_dim_of(config) -> int:
 
 
 class SelfAttention(nn.Module):
-    """Fused qkv projection, rotary, paged attention, output projection."""
+    """Fused qkv projection, rotary and paged attention (one op: a backend may fuse them), output
+    projection."""
 
     def __init__(self, config, rotary: RotaryEmbedding, qkv_bias: bool, o_bias: bool,
                  linear_method: LinearMethod | None, dtype):
@@ -34,15 +35,13 @@ class SelfAttention(nn.Module):
                                         linear_method=linear_method, dtype=dtype)
         self.q_size = self.qkv_proj.num_heads * self.head_dim
         self.kv_size = self.qkv_proj.num_kv_heads * self.head_dim
-        self.rotary_emb = rotary
         self.attn = Attention(self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, self.head_dim,
-                              scale=self.head_dim ** -0.5)
+                              scale=self.head_dim ** -0.5, rotary=rotary)
 
     def forward(self, rope, hidden, meta: AttentionMetadata):
         qkv = self.qkv_proj(hidden)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = self.rotary_emb.apply(q, k, *rope)
-        return self.o_proj(self.attn(q, k, v, meta))
+        return self.o_proj(self.attn(q, k, v, meta, rope))
 
 
 class GatedMLP(nn.Module):

@@ -19,6 +19,18 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from autoglm_serve.models.layers.rotary import RotaryEmbedding
+
+
+@dataclass
+class Rope:
+    """This step's rotary embedding, for a backend that applies it itself: the first
+    2 * cos.shape[-1] features of every q and k head are rotated by cos/sin ([T, rotary_dim // 2]
+    float32), pairs interleaved (GLM) or half-split (Llama), as RotaryEmbedding does."""
+    cos: torch.Tensor
+    sin: torch.Tensor
+    interleaved: bool
+
 
 @dataclass
 class AttentionMetadata:
@@ -40,6 +52,11 @@ class AttentionBackend:
 
     name = "base"
 
+    def fuses_rotary(self) -> bool:
+        """Whether forward takes un-rotated q/k plus a ``rope=Rope(...)`` and rotates them itself
+        (fused into its KV write); otherwise the caller rotates them first."""
+        return False
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, scale: float) -> torch.Tensor:
         """q: [T, H, D]; k, v: [T, Hkv, D]; kv_cache: [2, NB, Hkv, BS, D]. Returns [T, H, D]."""
@@ -47,22 +64,34 @@ class AttentionBackend:
 
 
 class Attention(nn.Module):
-    """The attention op of one decoder layer; its KV cache is bound by the runner."""
+    """The attention op of one decoder layer, rotary included; its KV cache is bound by the
+    runner."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 rotary: RotaryEmbedding):
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        self.rotary = rotary
         self.kv_cache: torch.Tensor | None = None
         self.backend: AttentionBackend | None = None
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata,
+                rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """q [T, H*D], k and v [T, Hkv*D], q and k not yet rotated; rope: this step's
+        ``rotary.cos_sin(positions)``."""
         t = q.shape[0]
+        fused = self.backend.fuses_rotary()
+        if not fused:
+            q, k = self.rotary.apply(q, k, *rope)
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        out = self.backend.forward(q, k, v, self.kv_cache, meta, self.scale)
+        if fused:
+            out = self.backend.forward(q, k, v, self.kv_cache, meta, self.scale,
+                                       rope=Rope(*rope, self.rotary.interleaved))
+        else:
+            out = self.backend.forward(q, k, v, self.kv_cache, meta, self.scale)
         return out.reshape(t, self.num_heads * self.head_dim)

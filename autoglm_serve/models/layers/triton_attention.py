@@ -1,7 +1,8 @@
 """The Triton attention backend: the GPU fast path over the paged KV cache.
 
-One forward = three launches at most: KV write, decode attention (+ its split-K merge) over the
-first ``num_decodes`` sequences, prefill attention over the rest. Nothing reads a device tensor
+One forward = three launches at most: KV write (with the rotary of q and k fused in), decode
+attention (+ its split-K merge) over the first ``num_decodes`` sequences, prefill attention over
+the rest. Nothing reads a device tensor
 on the host, and the decode launches depend only on the batch shape (never on context lengths,
 the split-K grid included), so pure-decode steps can be captured once and replayed.
 """
@@ -9,9 +10,11 @@ from __future__ import annotations
 
 import torch
 
+from autoglm_serve.kernels import fused_ops_enabled
+from autoglm_serve.kernels.kv_write import rotate_and_write_kv_cache, write_kv_cache
 from autoglm_serve.kernels.paged_attention import (decode_attention, decode_partitions,
-                                                   prefill_attention, write_kv_cache)
-from autoglm_serve.models.layers.attention import AttentionBackend, AttentionMetadata
+                                                   prefill_attention)
+from autoglm_serve.models.layers.attention import AttentionBackend, AttentionMetadata, Rope
 
 
 def _num_sms(device: torch.device) -> int:
@@ -36,12 +39,21 @@ class TritonAttentionBackend(AttentionBackend):
         return decode_partitions(num_decodes, num_kv_heads, self._num_sms[device],
                                  self.max_decode_partitions)
 
+    def fuses_rotary(self) -> bool:
+        # off with the other fused kernels when the start-up self-check failed
+        return fused_ops_enabled()
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata, scale: float,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+                meta: AttentionMetadata, scale: float, out: torch.Tensor | None = None,
+                rope: Rope | None = None) -> torch.Tensor:
         """As AttentionBackend.forward; ``out`` ([T, H, D]) lets a caller (a CUDA graph, a test
-        that poisons it) own the output buffer."""
-        write_kv_cache(k, v, kv_cache, meta.slot_mapping)
+        that poisons it) own the output buffer. With ``rope``, q and k come un-rotated: q is
+        rotated in place and k on its way into the cache."""
+        if rope is None:
+            write_kv_cache(k, v, kv_cache, meta.slot_mapping)
+        else:
+            rotate_and_write_kv_cache(q, k, v, kv_cache, meta.slot_mapping, rope.cos, rope.sin,
+                                      rope.interleaved)
         if out is None:
             out = torch.empty_like(q)
         nd = meta.num_decodes
