@@ -106,8 +106,10 @@ class KVCacheManager:
             return
         # only tokens whose ids are known (an in-flight one is computed but not yet known)
         known = min(request.num_computed_tokens, request.num_tokens)
-        self._update_block_hashes(request, known)
         n = known // self.block_size
+        if n <= request.num_registered_blocks:
+            return               # most decode steps: no block filled up since the last call
+        self._update_block_hashes(request, known)
         for i in range(request.num_registered_blocks, n):
             b, h = request.block_ids[i], request.block_hashes[i]
             if self.block_hash[b] is None and h not in self.cached:
