@@ -6,7 +6,7 @@ import torch
 triton = pytest.importorskip("triton")
 from autoglm_serve.kernels import fused_ops  # noqa: E402
 from autoglm_serve.models.layers.activation import SiluAndMul  # noqa: E402
-from autoglm_serve.models.layers.norm import RMSNorm  # noqa: E402
+from autoglm_serve.models.layers.norm import RMSNorm, rms_norm_pair  # noqa: E402
 from autoglm_serve.models.layers.rotary import RotaryEmbedding  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -42,6 +42,22 @@ def test_rms_norm(dtype, hidden):
     out, res = fused_ops.rms_norm(x, norm.weight, 1e-5, r)
     assert rel(out, ref_out) < tol(dtype) and rel(res, ref_res) < tol(dtype)
     assert rel(fused_ops.rms_norm(x, norm.weight, 1e-5), norm(x)) < tol(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,hidden", [(1, 64), (5, 96), (3, 4096)])
+def test_rms_norm_pair(dtype, rows, hidden):
+    # GLM-4: a sublayer output's own norm, the residual add and the next norm in one pass
+    x = 3 * torch.randn(rows, hidden, dtype=dtype, device=DEVICE)
+    r = torch.randn_like(x)
+    first = RMSNorm(hidden, 1e-5, dtype).to(DEVICE)
+    second = RMSNorm(hidden, 1e-6, dtype).to(DEVICE)
+    first.weight.data.uniform_(0.5, 1.5)
+    second.weight.data.uniform_(0.5, 1.5)
+    ref_out, ref_sum = rms_norm_pair(first, second, x, r)
+    out, new_sum = fused_ops.rms_norm_pair(x, r, first.weight, first.eps, second.weight,
+                                           second.eps)
+    assert rel(out, ref_out) < tol(dtype) and rel(new_sum, ref_sum) < tol(dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -1,5 +1,6 @@
-"""The GPU fast path (Triton attention, fused kernels, decode CUDA graphs) against the PyTorch
-reference backend in eager mode, same weights, a mixed batch. Runs only where CUDA is present."""
+"""The GPU fast path (Triton attention, fused kernels, decode CUDA graphs) against plain PyTorch
+(the reference attention backend, fused kernels off, eager), same weights, a mixed batch. Runs
+only where CUDA is present."""
 import pytest
 import torch
 
@@ -12,14 +13,35 @@ PROMPTS = [[3 + i % 200 for i in range(n)] for n in (1, 7, 40, 130, 300)] + [[9,
 STEPS = 16
 
 
+# AutoGLM-Phone-9B's attention and hidden sizes (2 layers, a narrow MLP and vocabulary): the fused
+# kernels at the shapes they run at in production.
+REAL_SHAPES = dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=2,
+                   head_dim=128, intermediate_size=1024)
+
+
+def build(tmp_path, arch):
+    sizes = REAL_SHAPES if arch.endswith("-real-shapes") else {}
+    path, _ = build_tiny_decoder(tmp_path / arch, arch.removesuffix("-real-shapes"),
+                                 vocab_size=256, **sizes)
+    return path
+
+
 def run(path, dtype, backend, eager, store):
-    llm = LLM(str(path), skip_tokenizer_init=True, dtype=dtype, attention_backend=backend,
-              enforce_eager=eager, block_size=16, max_num_batched_tokens=128,
-              kv_cache_memory_gib=1, max_num_seqs=32)
-    llm.engine.core.runner.logits_hook = lambda reqs, logits: [
-        store.setdefault(r.request_id, []).append(logits[i].float().cpu())
-        for i, r in enumerate(reqs)]
-    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True))
+    """The reference (torch backend) runs in plain PyTorch: the fused kernels off."""
+    from autoglm_serve.kernels import fused_ops
+    was = fused_ops.ENABLED
+    fused_ops.ENABLED = was and backend != "torch"
+    try:
+        llm = LLM(str(path), skip_tokenizer_init=True, dtype=dtype, attention_backend=backend,
+                  enforce_eager=eager, block_size=16, max_num_batched_tokens=128,
+                  kv_cache_memory_gib=1, max_num_seqs=32)
+        llm.engine.core.runner.logits_hook = lambda reqs, logits: [
+            store.setdefault(r.request_id, []).append(logits[i].float().cpu())
+            for i, r in enumerate(reqs)]
+        outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=STEPS,
+                                                    ignore_eos=True))
+    finally:
+        fused_ops.ENABLED = was
     return llm, [(o.request_id, o.outputs[0].token_ids) for o in outs]
 
 
@@ -27,10 +49,13 @@ def rel(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
-@pytest.mark.parametrize("arch", ["llama", "glm4"])
+ARCHS = ["llama", "glm4", "glm4-real-shapes"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_fast_path_matches_reference_fp32(tmp_path, arch):
     """In float32 every kernel is exact up to summation order: tokens identical at every step."""
-    path, _ = build_tiny_decoder(tmp_path / arch, arch, vocab_size=256)
+    path = build(tmp_path, arch)
     ref_logits, fast_logits = {}, {}
     _, ref = run(path, "float32", "torch", True, ref_logits)
     llm, fast = run(path, "float32", "triton", False, fast_logits)
@@ -41,11 +66,11 @@ def test_fast_path_matches_reference_fp32(tmp_path, arch):
             assert rel(y, x) < 1e-3
 
 
-@pytest.mark.parametrize("arch", ["llama", "glm4"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_fast_path_matches_reference_bf16(tmp_path, arch):
     """In bf16 rounding differs between paths: logits within bf16 tolerance while the tokens
     agree, and the first tokens identical."""
-    path, _ = build_tiny_decoder(tmp_path / arch, arch, vocab_size=256)
+    path = build(tmp_path, arch)
     ref_logits, fast_logits = {}, {}
     _, ref = run(path, "bfloat16", "torch", True, ref_logits)
     _, fast = run(path, "bfloat16", "triton", False, fast_logits)

@@ -28,37 +28,60 @@ def _pow2(n: int) -> int:
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, n_cols, eps,
-                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+def _weighted_rms_norm(x, w_ptr, cols, mask, n_cols, eps):
+    """weight * norm(x): float32 statistics, the normed row rounded to x's dtype before the
+    weight and the product rounded again, as RMSNorm does in PyTorch."""
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
+    normed = (xf * rstd).to(x.dtype)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    return (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, first_w_ptr, n_cols, eps,
+                     first_eps, HAS_RESIDUAL: tl.constexpr, NORM_X_FIRST: tl.constexpr,
+                     BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
+    if NORM_X_FIRST:
+        # x is a sublayer's output that has its own norm before the residual add (GLM-4)
+        x = _weighted_rms_norm(x, first_w_ptr, cols, mask, n_cols, first_eps)
     if HAS_RESIDUAL:
         # the sum is rounded to the activation dtype first, as `x + residual` is in PyTorch
         r = tl.load(res_ptr + row * n_cols + cols, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
         tl.store(new_res_ptr + row * n_cols + cols, x, mask=mask)
-    xf = x.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
-    normed = (xf * rstd).to(x.dtype)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
-    tl.store(out_ptr + row * n_cols + cols, (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype),
+    tl.store(out_ptr + row * n_cols + cols, _weighted_rms_norm(x, w_ptr, cols, mask, n_cols, eps),
              mask=mask)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None):
-    """norm(x) or, with residual, (norm(x + residual), x + residual)."""
+def _launch_rms_norm(x, weight, eps, residual, first_weight, first_eps):
     x = x.contiguous()
     n_cols = x.shape[-1]
     rows = x.numel() // n_cols
     out = torch.empty_like(x)
     new_res = torch.empty_like(x) if residual is not None else out
     _rms_norm_kernel[(rows,)](x, residual.contiguous() if residual is not None else x, weight, out,
-                              new_res, n_cols, eps, HAS_RESIDUAL=residual is not None,
-                              BLOCK=_pow2(n_cols), num_warps=8 if n_cols >= 2048 else 4)
+                              new_res, first_weight if first_weight is not None else weight,
+                              n_cols, eps, first_eps, HAS_RESIDUAL=residual is not None,
+                              NORM_X_FIRST=first_weight is not None, BLOCK=_pow2(n_cols),
+                              num_warps=8 if n_cols >= 2048 else 4)
     return out if residual is None else (out, new_res)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None):
+    """norm(x) or, with residual, (norm(x + residual), x + residual)."""
+    return _launch_rms_norm(x, weight, eps, residual, None, 0.0)
+
+
+def rms_norm_pair(x: torch.Tensor, residual: torch.Tensor, first_weight: torch.Tensor,
+                  first_eps: float, weight: torch.Tensor, eps: float):
+    """(norm(first_norm(x) + residual), first_norm(x) + residual) in one pass."""
+    return _launch_rms_norm(x, weight, eps, residual, first_weight, first_eps)
 
 
 @triton.jit

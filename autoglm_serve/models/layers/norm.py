@@ -1,4 +1,5 @@
-"""RMSNorm with the residual add folded in (one pass over the activations when fused)."""
+"""RMSNorm with the residual add folded in (one pass over the activations when fused), and GLM-4's
+norm-add-norm pairs in one pass."""
 from __future__ import annotations
 
 import torch
@@ -28,3 +29,13 @@ class RMSNorm(nn.Module):
             return self._norm(x)
         x = x + residual
         return self._norm(x), x
+
+
+def rms_norm_pair(first: RMSNorm, second: RMSNorm, x: torch.Tensor, residual: torch.Tensor):
+    """second(first(x), residual): a sublayer output's own norm, the residual add and the next
+    norm (GLM-4's sandwich norms), one kernel when fused. Returns (normed sum, sum)."""
+    if x.is_cuda and fused_ops_enabled():
+        from autoglm_serve.kernels import fused_ops
+        return fused_ops.rms_norm_pair(x, residual, first.weight, first.eps, second.weight,
+                                       second.eps)
+    return second(first(x), residual)
