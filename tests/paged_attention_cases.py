@@ -14,6 +14,8 @@ import torch
 from autoglm_serve.models.layers.attention import AttentionMetadata, Rope
 from autoglm_serve.models.layers.rotary import RotaryEmbedding
 from autoglm_serve.models.layers.torch_attention import TorchAttentionBackend, write_kv_cache
+from autoglm_serve.kernels.paged_attention import DecodeSplit
+from autoglm_serve.models.layers.triton_attention import TritonAttentionBackend
 
 
 @dataclass
@@ -104,6 +106,27 @@ def check_backend(backend, batch: Batch) -> float:
     err = rel_err(out[batch.valid_rows], ref[batch.valid_rows])
     assert err < TOLERANCE[batch.q.dtype], f"relative error {err:.2e}"
     return err
+
+
+class FixedSplitBackend(TritonAttentionBackend):
+    """The Triton backend with its decode split-K shape forced, whatever the batch."""
+
+    def __init__(self, split: DecodeSplit):
+        super().__init__()
+        self.split = split
+
+    def decode_split(self, num_decodes, num_kv_heads, device) -> DecodeSplit:
+        return self.split
+
+
+def check_decode_merge(split: DecodeSplit, batch: Batch) -> None:
+    """Decode with a forced split-K shape, twice on the same backend: the merge must be right
+    both times and leave every merge counter at zero (CUDA-graph replays rely on it)."""
+    backend = FixedSplitBackend(split)
+    for _ in range(2):
+        check_backend(backend, batch)
+        counters = backend.merge_counters(0, batch.q.device)
+        assert not counters.any(), "merge counters not reset"
 
 
 def check_backend_with_rotary(backend, batch: Batch, rotary: RotaryEmbedding,

@@ -16,6 +16,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 pytest.importorskip("triton")
 
+from autoglm_serve.kernels.paged_attention import DecodeSplit  # noqa: E402
 from autoglm_serve.models.glm4v import MRotaryEmbedding  # noqa: E402
 from autoglm_serve.models.layers.attention import AttentionMetadata, Rope  # noqa: E402
 from autoglm_serve.models.layers.rotary import RotaryEmbedding  # noqa: E402
@@ -25,7 +26,7 @@ from autoglm_serve.models.layers.triton_attention import TritonAttentionBackend 
 
 sys.path.insert(0, os.path.dirname(__file__))
 from paged_attention_cases import (  # noqa: E402
-    TOLERANCE, check_backend, check_backend_with_rotary, make_batch, rel_err)
+    TOLERANCE, check_backend, check_backend_with_rotary, check_decode_merge, make_batch, rel_err)
 
 DEV = "cuda"
 MODEL = dict(num_heads=32, num_kv_heads=2, head_dim=128)
@@ -64,6 +65,16 @@ def test_decode_long_contexts(backend, batch):
     lens = [32768] + _lens(8000, 32768, batch - 1) if batch < 64 else _lens(1, 8192, batch)
     b = make_batch(lens, [], block_size=16, dtype=torch.bfloat16, device=DEV, **MODEL)
     check_backend(backend, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("partitions,min_chunk", [(1, 256), (4, 64), (8, 256), (64, 64)])
+def test_decode_merge_in_kernel(dtype, partitions, min_chunk):
+    # One, several and many partitions merged by the last one to finish, twice in a row (the
+    # counters must come back to zero); contexts from one token to 20k.
+    lens = [1, 65, 700, 4096] + _lens(100, 20000, 4)
+    b = make_batch(lens, [], block_size=16, dtype=dtype, device=DEV, padding_rows=2, **MODEL)
+    check_decode_merge(DecodeSplit(partitions, min_chunk), b)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -37,7 +37,7 @@ from autoglm_serve.models.layers.triton_attention import TritonAttentionBackend 
 
 sys.path.insert(0, os.path.dirname(__file__))
 from paged_attention_cases import (  # noqa: E402
-    TOLERANCE, check_backend, check_backend_with_rotary, make_batch, rel_err)
+    TOLERANCE, check_backend, check_backend_with_rotary, check_decode_merge, make_batch, rel_err)
 
 
 # Two bugs of the Triton 3.6 interpreter (not of the kernels), patched for this process only:
@@ -94,6 +94,30 @@ def test_decode_partition_counts(backend):
     for parts in (1, 8):
         backend.max_decode_partitions = parts
         check_backend(backend, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("partitions,min_chunk,lens", [
+    (1, 256, [300, 5]),         # one partition: written directly, no merge
+    (4, 64, [250, 40, 1]),      # several: 4 x 64 tokens for 250
+    (16, 64, [1000, 129]),      # many: 16 x 64 tokens for 1000
+    (2, 256, [700, 256, 257]),  # a wide minimum chunk: 2 x 384 for 700
+])
+def test_decode_merge_in_kernel(dtype, partitions, min_chunk, lens):
+    from autoglm_serve.kernels.paged_attention import DecodeSplit
+    b = make_batch(lens, [], num_heads=8, num_kv_heads=2, head_dim=16, block_size=16,
+                   dtype=dtype, device="cpu", padding_rows=1)
+    check_decode_merge(DecodeSplit(partitions, min_chunk), b)
+
+
+def test_decode_split_from_the_batch_shape():
+    # An H200 (132 SMs), 2 KV heads: batch 1 spreads over the whole grid in one-tile chunks;
+    # once the (sequence, KV head) pairs fill the SMs, chunks are 256 tokens and the grid narrows.
+    from autoglm_serve.kernels.paged_attention import DecodeSplit, decode_split
+    assert decode_split(1, 2, 132) == DecodeSplit(64, 64)
+    assert decode_split(8, 2, 132) == DecodeSplit(64, 64)
+    assert decode_split(66, 2, 132) == DecodeSplit(4, 256)
+    assert decode_split(1024, 2, 132) == DecodeSplit(1, 256)
 
 
 @pytest.mark.parametrize("group", [1, 3, 16])
@@ -181,3 +205,23 @@ def test_rotary_fused_into_kv_write_decode_only(backend, num_decodes):
     b = make_batch([7, 70, 130][:num_decodes], [], num_heads=8, num_kv_heads=2, head_dim=32,
                    block_size=16, dtype=torch.float32, device="cpu", padding_rows=2)
     check_backend_with_rotary(backend, b, rotary)
+
+
+@pytest.mark.parametrize("arch", ["llama", "glm4"])
+def test_engine_with_triton_backend_matches_torch(tmp_path, arch):
+    """The Triton backend end to end (rotary fused into the KV write, the split-K merge inside
+    the decode kernel) against the PyTorch backend on one tiny checkpoint: a batch, then a lone
+    150-token request whose decodes split into partitions. Greedy tokens identical."""
+    from autoglm_serve import LLM, SamplingParams
+    from tests.tiny_models import build_tiny_decoder
+    path, _ = build_tiny_decoder(tmp_path / arch, arch, vocab_size=256)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    batches = [[[3 + i % 200 for i in range(n)] for n in (1, 7, 40)],
+               [[5 + i % 190 for i in range(150)]]]
+    results = {}
+    for backend in ("torch", "triton"):
+        llm = LLM(str(path), skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
+                  attention_backend=backend, block_size=16, kv_cache_memory_gib=0.05)
+        results[backend] = [o.outputs[0].token_ids for prompts in batches
+                            for o in llm.generate(prompts, params)]
+    assert results["triton"] == results["torch"]

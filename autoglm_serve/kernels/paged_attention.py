@@ -7,7 +7,8 @@ Cache layout (see models/layers/attention.py):
 - ``decode_attention``: one query token per sequence. A program owns one (sequence, KV head,
   context partition) and puts the whole GQA group of query heads in the M dim of ``tl.dot``, so each
   K/V tile is read from HBM once for all heads sharing it. Long contexts are split into partitions
-  (split-K) whose partial results a second kernel merges by log-sum-exp.
+  (split-K) whose partial results the last of them to finish merges by log-sum-exp (an atomic
+  counter per sequence and KV head tells it that it is last): one launch.
 - ``prefill_attention``: varlen causal attention of each sequence's new queries against its whole
   context (cached prefix + new tokens, all read through the block table after the write), which
   is what chunked prefill and prefix caching need. Rows of a program are (token, head of the GQA
@@ -19,6 +20,7 @@ native instruction. Accumulation is fp32 whatever the input dtype.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -27,7 +29,8 @@ import triton.language as tl
 LOG2E = 1.4426950408889634
 
 # Decode tiles: 64 tokens x head_dim per K/V load; a partition covers at least MIN_CHUNK tokens so
-# that the split-K partial results (fp32, one row per head) stay small next to the KV they replace.
+# that the split-K partial results (fp32, one row per head) stay small next to the KV they replace
+# (small batches, which leave SMs idle, go down to one tile: see decode_split).
 DECODE_TILE_N = 64
 DECODE_MIN_CHUNK = 256
 # Prefill tiles: 128 rows of (token, head) pairs against 64 keys, the usual FlashAttention-2 shape
@@ -96,31 +99,90 @@ def _attend_range(acc, l_i, m_i, q, k_base, v_base, table_row, q_pos, lo, hi, sc
 
 
 # ----------------------------------------------------------------------------------------------
-# Decode: split-K over context partitions
+# Decode: split-K over context partitions, merged by the last partition to finish
 # ----------------------------------------------------------------------------------------------
+
+class DecodeSplit(NamedTuple):
+    partitions: int     # split-K grid width: programs per (sequence, KV head), a power of two
+    min_chunk: int      # fewest context tokens per partition, a multiple of DECODE_TILE_N
+
+
+def decode_split(num_seqs: int, num_kv_heads: int, num_sms: int,
+                 max_partitions: int = 64) -> DecodeSplit:
+    """The split-K shape from the batch shape alone: enough (sequence, KV head, partition)
+    programs for ~4 per SM. It deliberately ignores the context lengths, so an eager warm-up
+    compiles the very kernels that a CUDA graph captures and replays for any later lengths;
+    partitions a short context does not need exit at once (see _partitioning).
+
+    A batch with fewer (sequence, KV head) pairs than SMs cannot fill the GPU with whole
+    contexts: its partitions go down to a single tile, so that at batch 1 a 700-token context of
+    AutoGLM (2 KV heads) reads its KV with 2 x 6 programs rather than 2 x 3."""
+    pairs = max(1, num_seqs * num_kv_heads)
+    want = math.ceil(4 * num_sms / pairs)
+    partitions = max(1, min(_next_pow2(want), max_partitions))
+    min_chunk = DECODE_TILE_N if pairs < num_sms else DECODE_MIN_CHUNK
+    return DecodeSplit(partitions, min_chunk)
+
 
 @triton.jit
 def _partitioning(seq_len, NUM_PARTS: tl.constexpr, MIN_CHUNK: tl.constexpr,
-                  TILE_N: tl.constexpr):
+                  TILE_N: tl.constexpr, MERGE_RATIO: tl.constexpr):
     """How a context of seq_len tokens splits: (partitions used, tokens per partition).
 
     Computed on the device from seq_len alone, so the grid (NUM_PARTS programs per sequence and
     head) is static for CUDA graphs while short contexts still use few partitions; the chunk is a
-    multiple of TILE_N so no tile straddles two partitions."""
-    wanted = tl.minimum(tl.cdiv(seq_len, MIN_CHUNK), NUM_PARTS)
+    multiple of TILE_N so no tile straddles two partitions. With p partitions each program reads
+    seq_len / p tokens of KV and then the merging one reads p partial rows: their sum is least
+    at p = sqrt(seq_len / MERGE_RATIO), MERGE_RATIO being a partial row's bytes over a token's KV
+    bytes, and more partitions than that make the step slower."""
+    balanced = tl.sqrt(seq_len.to(tl.float32) / MERGE_RATIO).to(tl.int32) + 1
+    wanted = tl.minimum(tl.minimum(tl.cdiv(seq_len, MIN_CHUNK), NUM_PARTS), balanced)
     chunk = tl.cdiv(tl.cdiv(seq_len, wanted), TILE_N) * TILE_N
     return tl.cdiv(seq_len, chunk), chunk
 
 
 @triton.jit
-def _decode_kernel(out_ptr, part_out_ptr, part_lse_ptr, q_ptr, cache_ptr, block_tables_ptr,
-                   seq_lens_ptr, scale_log2,
+def _merge_partitions(part_out_ptr, part_lse_ptr, rows, num_parts, stride_pp, row_mask,
+                      BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                      NUM_PARTS: tl.constexpr, MERGE_TILE: tl.constexpr):
+    """sum_p exp2(lse_p - lse) * out_p with lse = log2 sum_p exp2(lse_p): the exact softmax over
+    the union of the partitions, for the heads whose partial rows start at ``rows``.
+
+    Loads bypass L1 (.cg): the partials were written by other SMs, and the atomic that told this
+    program it is the last orders those writes before these reads only at the L2."""
+    p = tl.arange(0, NUM_PARTS)
+    lse = tl.load(part_lse_ptr + rows[:, None] + p[None, :] * stride_pp,
+                  mask=row_mask[:, None] & (p[None, :] < num_parts), other=float("-inf"),
+                  cache_modifier=".cg")
+    lse_max = tl.where(row_mask, tl.max(lse, 1), 0.0)
+    d = tl.arange(0, BLOCK_D)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    weight_sum = tl.zeros([BLOCK_G], tl.float32)
+    # MERGE_TILE partitions per load: several rows in flight at once from the L2
+    for first in range(0, num_parts, MERGE_TILE):
+        pt = first + tl.arange(0, MERGE_TILE)
+        mask = row_mask[:, None] & (pt[None, :] < num_parts)
+        part_rows = rows[:, None] + pt[None, :] * stride_pp
+        w = tl.exp2(tl.load(part_lse_ptr + part_rows, mask=mask, other=float("-inf"),
+                            cache_modifier=".cg") - lse_max[:, None])
+        parts = tl.load(part_out_ptr + part_rows[:, :, None] * HEAD_DIM + d[None, None, :],
+                        mask=mask[:, :, None] & (d[None, None, :] < HEAD_DIM), other=0.0,
+                        cache_modifier=".cg")
+        acc += tl.sum(parts * w[:, :, None], 1)
+        weight_sum += tl.sum(w, 1)
+    return acc / tl.where(row_mask, weight_sum, 1.0)[:, None]
+
+
+@triton.jit
+def _decode_kernel(out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, q_ptr, cache_ptr,
+                   block_tables_ptr, seq_lens_ptr, scale_log2,
                    stride_qt, stride_qh, stride_ot, stride_oh,
                    stride_c_kv, stride_c_block, stride_c_head, stride_c_tok, stride_bt,
                    stride_ps, stride_ph, stride_pp,
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
-                   NUM_PARTS: tl.constexpr, MIN_CHUNK: tl.constexpr, PRECISION: tl.constexpr):
+                   NUM_PARTS: tl.constexpr, MIN_CHUNK: tl.constexpr, MERGE_RATIO: tl.constexpr,
+                   MERGE_TILE: tl.constexpr, PRECISION: tl.constexpr):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     part = tl.program_id(2)
@@ -136,7 +198,7 @@ def _decode_kernel(out_ptr, part_out_ptr, part_lse_ptr, q_ptr, cache_ptr, block_
         if part == 0:
             tl.store(out_ptrs, tl.zeros([BLOCK_G, BLOCK_D], out_ptr.dtype.element_ty), mask=io_mask)
         return
-    num_parts, chunk = _partitioning(seq_len, NUM_PARTS, MIN_CHUNK, TILE_N)
+    num_parts, chunk = _partitioning(seq_len, NUM_PARTS, MIN_CHUNK, TILE_N, MERGE_RATIO)
     lo = part * chunk
     if lo >= seq_len:
         return  # this sequence is too short for this many partitions
@@ -160,52 +222,40 @@ def _decode_kernel(out_ptr, part_out_ptr, part_lse_ptr, q_ptr, cache_ptr, block_
             tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=io_mask)
         else:
             # Partial result normalised by its own sum, plus its log2-sum-exp2 for the merge.
-            part_row = seq.to(tl.int64) * stride_ps + heads * stride_ph + part * stride_pp
-            tl.store(part_out_ptr + part_row[:, None] * HEAD_DIM + d[None, :], o, mask=io_mask)
-            tl.store(part_lse_ptr + part_row, m_i + tl.log2(l_i), mask=g < GROUP)
-
-
-@triton.jit
-def _decode_reduce_kernel(out_ptr, part_out_ptr, part_lse_ptr, seq_lens_ptr,
-                          stride_ot, stride_oh, stride_ps, stride_ph, stride_pp,
-                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, TILE_N: tl.constexpr,
-                          NUM_PARTS: tl.constexpr, MIN_CHUNK: tl.constexpr):
-    # out = sum_p exp2(lse_p - lse) * out_p with lse = log2 sum_p exp2(lse_p): the exact softmax
-    # over the union of the partitions.
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
-    seq_len = tl.load(seq_lens_ptr + seq)
-    if seq_len <= 0:
-        return
-    num_parts, chunk = _partitioning(seq_len, NUM_PARTS, MIN_CHUNK, TILE_N)
-    if num_parts == 1:
-        return  # the decode kernel wrote the output directly
-    p = tl.arange(0, NUM_PARTS)
-    d = tl.arange(0, BLOCK_D)
-    p_mask = p < num_parts
-    row = seq.to(tl.int64) * stride_ps + head * stride_ph + p * stride_pp
-    lse = tl.load(part_lse_ptr + row, mask=p_mask, other=float("-inf"))
-    w = tl.exp2(lse - tl.max(lse, 0))
-    w = w / tl.sum(w, 0)
-    parts = tl.load(part_out_ptr + row[:, None] * HEAD_DIM + d[None, :],
-                    mask=p_mask[:, None] & (d[None, :] < HEAD_DIM), other=0.0)
-    o = tl.sum(parts * w[:, None], 0)
-    tl.store(out_ptr + seq.to(tl.int64) * stride_ot + head * stride_oh + d,
-             o.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+            rows = seq.to(tl.int64) * stride_ps + heads * stride_ph
+            part_rows = rows + part * stride_pp
+            tl.store(part_out_ptr + part_rows[:, None] * HEAD_DIM + d[None, :], o, mask=io_mask)
+            tl.store(part_lse_ptr + part_rows, m_i + tl.log2(l_i), mask=g < GROUP)
+            # The last partition of this (sequence, KV head) to finish merges them all. The
+            # barrier puts every thread's partial stores before the counter's release (acq_rel,
+            # GPU scope); that program resets the counter for the next launch (graph replays).
+            tl.debug_barrier()
+            counter = counters_ptr + seq * tl.num_programs(1) + kv_head
+            finished = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if finished == num_parts - 1:
+                tl.store(counter, 0)
+                merged = _merge_partitions(part_out_ptr, part_lse_ptr, rows, num_parts,
+                                           stride_pp, g < GROUP, BLOCK_G, HEAD_DIM, BLOCK_D,
+                                           NUM_PARTS, MERGE_TILE)
+                tl.store(out_ptrs, merged.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
 def decode_attention(out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor,
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                     num_partitions: int) -> None:
-    """One query token per sequence. out, q: [N, H, D]; block_tables [N, max_blocks] int32;
-    seq_lens [N] int32 (0 = padding row, output zeros). num_partitions (a power of two) fixes the
-    grid; each sequence uses as many of them as its length warrants, so the launch is the same
-    for every step of a CUDA graph."""
+                     split: DecodeSplit, counters: torch.Tensor) -> None:
+    """One query token per sequence, one launch. out, q: [N, H, D]; block_tables
+    [N, max_blocks] int32; seq_lens [N] int32 (0 = padding row, output zeros). ``split`` fixes
+    the grid (see decode_split); each sequence uses as many partitions as its length warrants,
+    so the launch is the same for every step of a CUDA graph. ``counters``: int32, at least
+    N * num_kv_heads elements, all zero, left zero (a persistent buffer: graphs replay with it)."""
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads, block_size = kv_cache.shape[2], kv_cache.shape[3]
     if num_seqs == 0:
         return
+    num_partitions = split.partitions
     assert num_partitions == _next_pow2(num_partitions)
+    assert split.min_chunk % DECODE_TILE_N == 0
+    assert counters.dtype == torch.int32 and counters.numel() >= num_seqs * num_kv_heads
     group = num_heads // num_kv_heads
     block_d = _next_pow2(head_dim)
     if num_partitions > 1:
@@ -215,34 +265,21 @@ def decode_attention(out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor,
                                device=q.device)
     else:
         part_out = part_lse = torch.empty(0, dtype=torch.float32, device=q.device)
-    # Partial-result strides, shared by both kernels ([N, H, P] rows of HEAD_DIM values).
+    # Partial-result strides ([N, H, P] rows of HEAD_DIM values).
     stride_ps, stride_ph, stride_pp = num_heads * num_partitions, num_partitions, 1
     stages = _num_stages(DECODE_TILE_N * block_d * kv_cache.element_size())
     _decode_kernel[(num_seqs, num_kv_heads, num_partitions)](
-        out, part_out, part_lse, q, kv_cache, block_tables, seq_lens, scale * LOG2E,
+        out, part_out, part_lse, counters, q, kv_cache, block_tables, seq_lens, scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         block_tables.stride(0), stride_ps, stride_ph, stride_pp,
         GROUP=group, BLOCK_G=max(16, _next_pow2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=block_size, TILE_N=DECODE_TILE_N, NUM_PARTS=num_partitions,
-        MIN_CHUNK=DECODE_MIN_CHUNK, PRECISION=_dot_precision(q.dtype),
+        MIN_CHUNK=split.min_chunk,
+        # a partial row (fp32, per query head) against a token's K and V (per KV head)
+        MERGE_RATIO=(4 * group) / (2 * kv_cache.element_size()),
+        MERGE_TILE=min(4, num_partitions), PRECISION=_dot_precision(q.dtype),
         num_warps=4, num_stages=stages)
-    if num_partitions > 1:
-        _decode_reduce_kernel[(num_seqs, num_heads)](
-            out, part_out, part_lse, seq_lens, out.stride(0), out.stride(1),
-            stride_ps, stride_ph, stride_pp,
-            HEAD_DIM=head_dim, BLOCK_D=block_d, TILE_N=DECODE_TILE_N, NUM_PARTS=num_partitions,
-            MIN_CHUNK=DECODE_MIN_CHUNK, num_warps=4)
-
-
-def decode_partitions(num_seqs: int, num_kv_heads: int, num_sms: int,
-                      max_partitions: int = 64) -> int:
-    """Split-K width from the batch shape alone: enough (sequence, KV head, partition) programs
-    for ~4 per SM. It deliberately ignores the context lengths, so an eager warm-up compiles the
-    very kernels that a CUDA graph captures and replays for any later lengths; partitions a
-    short context does not need exit at once (see _partitioning)."""
-    want = math.ceil(4 * num_sms / max(1, num_seqs * num_kv_heads))
-    return max(1, min(_next_pow2(want), max_partitions))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -101,8 +101,9 @@ def bench_decode(batch: int, ctx: int, block_size: int, backend) -> dict:
     eager = do_bench(step, warmup=5, rep=40, return_mode="median") * 1e-3
     graph = do_bench_cudagraph(step, rep=40, return_mode="median") * 1e-3
     kv_bytes = batch * ctx * HKV * D * 2 * cache.element_size()
+    split = backend.decode_split(batch, HKV, torch.device(DEV))
     return dict(graph=graph, eager=eager, bw=kv_bytes / graph,
-                parts=backend.decode_partitions(batch, HKV, torch.device(DEV)))
+                parts=f"{split.partitions} (chunk >= {split.min_chunk})")
 
 
 def causal_flops(query_len: int, context: int) -> float:
