@@ -1,0 +1,48 @@
+"""Work-arounds for three bugs of the Triton 3.6 interpreter (not of our kernels), for tests that
+run kernels on CPU under TRITON_INTERPRET=1:
+
+1. it keeps bf16 as raw uint16 and tl.dot multiplies those integers; the operands are widened to
+   fp32 first (exact: the GPU's bf16 MMA also accumulates exact products in fp32);
+2. range() over tensor bounds calls int() on a 1-element array, an error since numpy 2.4;
+3. fp32 -> bf16 casts truncate, where the GPU (and PyTorch) round to nearest even; a kernel that
+   rounds intermediate values (the gated GEMV) then drifts by up to an ulp per rounding.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import triton.language as tl
+import triton.runtime.interpreter as interpreter
+
+_create_dot = interpreter.InterpreterBuilder.create_dot
+_cast_impl = interpreter.InterpreterBuilder.cast_impl
+_patch_lang_tensor = interpreter._patch_lang_tensor
+
+
+def _dot_bf16_as_fp32(self, a, b, d, input_precision, max_num_imprecise_acc):
+    def widen(x):
+        if x.dtype.scalar == tl.bfloat16:
+            data = interpreter._convert_float(x.data, tl.bfloat16, tl.float32, None)
+            return interpreter.TensorHandle(data.view(np.float32), tl.float32)
+        return x
+    return _create_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+
+def _cast_rounding_to_bf16(self, src, dst_type):
+    if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+        rounded = torch.from_numpy(np.ascontiguousarray(src.data)).to(torch.bfloat16)
+        return interpreter.TensorHandle(rounded.view(torch.int16).numpy().view(np.uint16),
+                                        tl.bfloat16)
+    return _cast_impl(self, src, dst_type)
+
+
+def _patch_tensor(tensor, scope):
+    _patch_lang_tensor(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+
+def fix_interpreter(monkeypatch) -> None:
+    """Applies the work-arounds for one test (pass pytest's ``monkeypatch``)."""
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", _dot_bf16_as_fp32)
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "cast_impl", _cast_rounding_to_bf16)
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", _patch_tensor)
