@@ -1,6 +1,6 @@
 """Decode GEMV kernels (kernels/gemv.py) against F.linear and the two-step gate_up + SiLU path:
 on CPU in the Triton interpreter at small odd shapes, on CUDA compiled at the real
-AutoGLM-Phone-9B shapes and inside a CUDA graph."""
+AutoGLM-Phone-9B shapes and through the model's layers and a CUDA graph."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,6 +8,8 @@ import torch.nn.functional as F
 triton = pytest.importorskip("triton")
 from autoglm_serve.kernels import gemv  # noqa: E402
 from autoglm_serve.models.layers.activation import SiluAndMul  # noqa: E402
+from autoglm_serve.models.layers.linear import UnquantizedLinearMethod, uses_gemv  # noqa: E402
+from autoglm_serve.models.llama import GatedMLP  # noqa: E402
 from triton_interpreter_fixes import fix_interpreter  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -134,6 +136,17 @@ def test_self_check_passes_and_disables_on_disagreement(monkeypatch):
     assert not gemv.ENABLED
 
 
+@pytest.mark.skipif(DEVICE == "cuda", reason="checks the CPU path")
+def test_cpu_layers_keep_the_pytorch_path():
+    mlp = GatedMLP(64, 96, None, torch.float32)
+    for p in mlp.parameters():
+        p.data.normal_()
+    x = torch.randn(1, 64)
+    assert not uses_gemv(x, mlp.gate_up_proj.weight)
+    assert UnquantizedLinearMethod().apply_gated_silu(mlp.gate_up_proj, x) is None
+    assert torch.equal(mlp(x), mlp.down_proj(two_step(x, mlp.gate_up_proj.weight)))
+
+
 # ---- CUDA: the real shapes, through the layers, inside a CUDA graph ---------------------------
 
 GLM_SHAPES = {"qkv": (4608, 4096, True), "o_proj": (4096, 4096, False),
@@ -156,6 +169,17 @@ def test_real_gate_up_cuda(m):
     x = rand(m, 4096, dtype=torch.bfloat16)
     w = rand(2 * 13696, 4096, dtype=torch.bfloat16) * 4096 ** -0.5
     assert rel(gemv.gated_gemv(x, w), two_step(x, w)) < 1e-2
+
+
+@pytest.mark.gpu
+def test_layers_use_the_gemv_cuda():
+    mlp = GatedMLP(4096, 13696, None, torch.bfloat16).cuda()
+    for p in mlp.parameters():
+        p.data.normal_(std=0.02)
+    x = rand(2, 4096, dtype=torch.bfloat16)
+    assert uses_gemv(x, mlp.gate_up_proj.weight)
+    ref = F.linear(two_step(x, mlp.gate_up_proj.weight), mlp.down_proj.weight)
+    assert rel(mlp(x), ref) < 1e-2
 
 
 @pytest.mark.gpu

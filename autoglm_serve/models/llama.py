@@ -54,7 +54,11 @@ class GatedMLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x):
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        # at decode one GEMV computes silu(gate) * up without writing the [gate | up] projection
+        act = self.gate_up_proj.linear_method.apply_gated_silu(self.gate_up_proj, x)
+        if act is None:
+            act = self.act_fn(self.gate_up_proj(x))
+        return self.down_proj(act)
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from autoglm_serve.models.layers.linear import dense_linear
 from autoglm_serve.models.layers.parallel_state import tp_rank, tp_world_size
 
 
@@ -36,7 +37,7 @@ class VocabParallelEmbedding(nn.Module):
 
 class ParallelLMHead(VocabParallelEmbedding):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.weight)
+        logits = dense_linear(hidden, self.weight)
         if self.tp_size > 1:
             parts = [torch.empty_like(logits) for _ in range(self.tp_size)]
             torch.distributed.all_gather(parts, logits)

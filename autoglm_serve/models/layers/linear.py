@@ -3,7 +3,8 @@
 Each parameter carries a ``weight_loader(param, loaded, shard_id=None)`` so checkpoints with
 separate q/k/v or gate/up tensors load into our fused parameters, and tensor parallelism only
 changes which slice a rank keeps. How the weight is stored and multiplied is a ``LinearMethod``:
-unquantized today; INT4 (W4A16) and FP8 methods plug in here.
+unquantized today; INT4 (W4A16) and FP8 methods plug in here. Unquantized weights are multiplied
+by the decode GEMV kernel (kernels/gemv.py) when a few rows meet them on CUDA, else by F.linear.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from autoglm_serve.kernels import fused_ops_enabled
 from autoglm_serve.models.layers.parallel_state import tp_rank, tp_world_size
 
 
@@ -22,6 +24,29 @@ class LinearMethod:
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
 
+    def apply_gated_silu(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+        """silu(gate) * up of a [gate; up] layer in one fused pass, or None where this method has
+        no such pass (the caller then applies the layer and SiluAndMul)."""
+        return None
+
+
+def uses_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+              gated: bool = False) -> bool:
+    """Whether the decode GEMV kernel replaces F.linear here: CUDA, fused kernels on, a few rows."""
+    if not x.is_cuda or not fused_ops_enabled():
+        return False
+    from autoglm_serve.kernels import gemv
+    return gemv.ENABLED and gemv.supports(x, weight, bias, gated)
+
+
+def dense_linear(x: torch.Tensor, weight: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight^T + bias for an unquantized weight [N, K]."""
+    if uses_gemv(x, weight, bias):
+        from autoglm_serve.kernels import gemv
+        return gemv.gemv(x, weight, bias)
+    return F.linear(x, weight, bias)
+
 
 class UnquantizedLinearMethod(LinearMethod):
     def create_weights(self, layer, in_features, out_features, dtype):
@@ -29,7 +54,13 @@ class UnquantizedLinearMethod(LinearMethod):
                                     requires_grad=False)
 
     def apply(self, layer, x, bias):
-        return F.linear(x, layer.weight, bias)
+        return dense_linear(x, layer.weight, bias)
+
+    def apply_gated_silu(self, layer, x):
+        if layer.bias is not None or not uses_gemv(x, layer.weight, gated=True):
+            return None
+        from autoglm_serve.kernels import gemv
+        return gemv.gated_gemv(x, layer.weight)
 
 
 def get_linear_method(quantization: str | None) -> LinearMethod:
