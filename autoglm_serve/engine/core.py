@@ -94,8 +94,9 @@ class EngineCore:
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
         if self.device.type == "cuda":
-            from autoglm_serve.kernels import fused_ops
+            from autoglm_serve.kernels import fused_ops, gemv
             fused_ops.self_check(self.device, self.loaded.dtype)
+            gemv.self_check(self.device, self.loaded.dtype)   # before capture: it compiles
             if not config.enforce_eager and self.runner.backend.name == "triton":
                 self.runner.capture_cuda_graphs()
             self.warm_up()
