@@ -18,7 +18,7 @@ from autoglm_serve.engine.model_setup import LoadedModel, load_model, text_confi
 from autoglm_serve.engine.request import Request, RequestStatus
 from autoglm_serve.engine.runner import InFlightStep, ModelRunner
 from autoglm_serve.engine.scheduler import Scheduler
-from autoglm_serve.engine.sampler import SamplerOutput
+from autoglm_serve.engine.sampler import SamplerOutput, make_generator
 from autoglm_serve.models.layers.attention import AttentionBackend
 
 logger = logging.getLogger(__name__)
@@ -40,6 +40,18 @@ class CoreOutput:
     logprobs: list[TokenLogprobs] | None
     finish_reason: str | None       # "stop" | "length" | "abort" | None
     stop_reason: int | None = None  # the token id that stopped it
+    # What the core learnt about the request, for its metrics; the first two only on the
+    # request's first output (the front-end may hold a copy of the Request, not the core's).
+    num_cached_tokens: int | None = None
+    first_scheduled_time: float | None = None
+    num_preemptions: int = 0
+
+    def __reduce__(self):
+        # a tuple, not the instance dict: several times cheaper to pickle, and a server core
+        # process sends one of these per running request per step
+        return CoreOutput, (self.request_id, self.new_token_ids, self.logprobs,
+                            self.finish_reason, self.stop_reason, self.num_cached_tokens,
+                            self.first_scheduled_time, self.num_preemptions)
 
 
 @dataclass
@@ -64,24 +76,32 @@ def select_backend(name: str, device: torch.device) -> AttentionBackend:
     return TorchAttentionBackend()
 
 
+def engine_limits(config: EngineConfig, hf_config) -> tuple[int, int]:
+    """max_model_len and max_num_batched_tokens for this config and model (the front-end
+    computes them too, without loading the model); raises when they cannot work."""
+    tcfg = text_config(hf_config)
+    max_model_len = min(config.max_model_len or tcfg.max_position_embeddings,
+                        tcfg.max_position_embeddings)
+    if config.max_model_len and config.max_model_len > tcfg.max_position_embeddings:
+        raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
+                         f"max_position_embeddings={tcfg.max_position_embeddings}")
+    max_num_batched_tokens = config.max_num_batched_tokens or (
+        max(2048, config.max_num_seqs) if config.enable_chunked_prefill else max_model_len)
+    if not config.enable_chunked_prefill and max_num_batched_tokens < max_model_len:
+        raise ValueError(f"without chunked prefill, max_num_batched_tokens "
+                         f"({max_num_batched_tokens}) must be >= max_model_len "
+                         f"({max_model_len})")
+    return max_model_len, max_num_batched_tokens
+
+
 class EngineCore:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None):
         self.config = config
         self.device = config.resolve_device()
         self.loaded = loaded or load_model(config, self.device)
-        tcfg = text_config(self.loaded.hf_config)
-        self.max_model_len = min(config.max_model_len or tcfg.max_position_embeddings,
-                                 tcfg.max_position_embeddings)
-        if config.max_model_len and config.max_model_len > tcfg.max_position_embeddings:
-            raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
-                             f"max_position_embeddings={tcfg.max_position_embeddings}")
-        self.max_num_batched_tokens = config.max_num_batched_tokens or (
-            max(2048, config.max_num_seqs) if config.enable_chunked_prefill else self.max_model_len)
-        if not config.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(f"without chunked prefill, max_num_batched_tokens "
-                             f"({self.max_num_batched_tokens}) must be >= max_model_len "
-                             f"({self.max_model_len})")
-        self.vocab_size = tcfg.vocab_size
+        self.max_model_len, self.max_num_batched_tokens = engine_limits(config,
+                                                                        self.loaded.hf_config)
+        self.vocab_size = text_config(self.loaded.hf_config).vocab_size
         self.runner = self._make_runner()
         self.cache = self._size_kv_cache()
         self.runner.allocate_kv_cache(self.cache.num_blocks)
@@ -169,6 +189,9 @@ class EngineCore:
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
+        if request.seed is not None and request.generator is None:
+            # made here, on the logits' device: the front-end may have no access to it
+            request.generator = make_generator(request.seed, self.device)
         self.requests[request.request_id] = request
         self.scheduler.add(request)
         self.num_prompt_tokens_total += request.num_prompt_tokens
@@ -223,9 +246,13 @@ class EngineCore:
                 # owner is scheduled after it, and device work runs in launch order
                 self.scheduler.finish(req, finish)
                 self.requests.pop(req.request_id, None)
+            first = req.num_output_tokens == 1
             outputs.append(CoreOutput(req.request_id, [token],
                                       [logprobs[i]] if logprobs is not None else None,
-                                      finish.value if finish else None, stop_token))
+                                      finish.value if finish else None, stop_token,
+                                      req.num_cached_tokens if first else None,
+                                      req.first_scheduled_time if first else None,
+                                      req.num_preemptions))
         return outputs
 
     def _check_stop(self, req: Request, token: int):

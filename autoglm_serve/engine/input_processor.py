@@ -1,12 +1,9 @@
-"""Prompt → engine Requests: tokenization, validation, limits, per-request generators."""
+"""Prompt → engine Requests: tokenization, validation, limits, per-request seeds."""
 from __future__ import annotations
-
-import torch
 
 from dataclasses import dataclass, field
 
 from autoglm_serve.engine.request import MultiModalItem, Request
-from autoglm_serve.engine.sampler import make_generator
 from autoglm_serve.sampling_params import SamplingParams
 
 
@@ -25,12 +22,11 @@ def child_id(parent_id: str, index: int, n: int) -> str:
 
 class InputProcessor:
     def __init__(self, tokenizer, max_model_len: int, vocab_size: int, eos_token_ids: set[int],
-                 device: torch.device, generation_defaults: dict | None = None):
+                 generation_defaults: dict | None = None):
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.device = device
         self.generation_defaults = generation_defaults or {}
 
     def tokenize(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
@@ -65,7 +61,6 @@ class InputProcessor:
                 sampling_params=params, eos_token_ids=self.eos_token_ids, max_tokens=max_tokens,
                 mm_items=list(mm_items),
                 mrope_positions=None if mrope is None else mrope[0],
-                mrope_delta=0 if mrope is None else mrope[1],
-                generator=None if seed is None else make_generator(seed, self.device)))
+                mrope_delta=0 if mrope is None else mrope[1], seed=seed))
         return requests
 

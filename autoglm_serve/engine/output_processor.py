@@ -22,6 +22,7 @@ class _Child:
     stop_reason: str | int | None = None
     sent_tokens: int = 0
     sent_logprobs: int = 0
+    num_preemptions: int = 0
 
 
 @dataclass
@@ -34,7 +35,6 @@ class RequestState:
     final_only: bool                  # offline: one output, when the request finishes
     metrics: RequestMetrics
     num_cached_tokens: int = 0
-    core_requests: list[Request] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -64,8 +64,7 @@ class OutputProcessor:
             self.child_to_parent[req.request_id] = request_id
         state = RequestState(request_id, prompt, requests[0].prompt_token_ids, children, delta,
                              final_only,
-                             RequestMetrics(arrival_time=requests[0].arrival_time),
-                             core_requests=requests)
+                             RequestMetrics(arrival_time=requests[0].arrival_time))
         self.states[request_id] = state
         return state
 
@@ -83,13 +82,17 @@ class OutputProcessor:
             child = state.children[out.request_id]
             if child.finish_reason is not None:
                 continue
-            if state.metrics.first_token_time is None:
-                state.metrics.first_token_time = now
-                state.num_cached_tokens = max(r.num_cached_tokens for r in state.core_requests)
-                state.metrics.first_scheduled_time = min(
-                    (r.first_scheduled_time for r in state.core_requests
-                     if r.first_scheduled_time), default=None)
-            state.metrics.last_token_time = now
+            metrics = state.metrics
+            if metrics.first_token_time is None:
+                metrics.first_token_time = now
+            if out.num_cached_tokens is not None:    # a child's first output
+                state.num_cached_tokens = max(state.num_cached_tokens, out.num_cached_tokens)
+            if out.first_scheduled_time is not None and (
+                    metrics.first_scheduled_time is None
+                    or out.first_scheduled_time < metrics.first_scheduled_time):
+                metrics.first_scheduled_time = out.first_scheduled_time
+            metrics.last_token_time = now
+            child.num_preemptions = out.num_preemptions
             child.token_ids.extend(out.new_token_ids)
             if out.logprobs is not None and child.logprobs is not None:
                 for tid, lp in zip(out.new_token_ids, out.logprobs):
@@ -158,4 +161,4 @@ class OutputProcessor:
                                                 child.cumulative_logprob))
         return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids, completions,
                              state.finished, state.metrics, state.num_cached_tokens,
-                             sum(r.num_preemptions for r in state.core_requests))
+                             sum(c.num_preemptions for c in state.children.values()))

@@ -44,6 +44,7 @@ class Request:
     mm_items: list[MultiModalItem] = field(default_factory=list)
     mrope_positions: torch.Tensor | None = None   # [3, prompt_len] for M-RoPE models
     mrope_delta: int = 0
+    seed: int | None = None              # the core makes the generator from it, on its device
     generator: torch.Generator | None = None
 
     status: RequestStatus = RequestStatus.WAITING

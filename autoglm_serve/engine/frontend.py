@@ -1,0 +1,119 @@
+"""What runs before and after the engine core, and needs no model weights: the tokenizer and
+chat template, image loading and preprocessing, prompt validation (input processor), and
+detokenization with stop strings (output processor).
+
+Built from the config and the checkpoint's config files alone, so the server's front-end can
+have it while the core loads the model in its own process.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+
+import torch
+
+from autoglm_serve.config import EngineConfig
+from autoglm_serve.engine.core import engine_limits
+from autoglm_serve.engine.input_processor import InputProcessor, PreparedPrompt
+from autoglm_serve.engine.model_setup import generation_defaults, is_builtin, resolve, text_config
+from autoglm_serve.engine.output_processor import OutputProcessor
+from autoglm_serve.loader.model_path import ResolvedModel
+from autoglm_serve.models.registry import resolve_model_class
+from autoglm_serve.tokenizer import load_tokenizer
+
+
+def eos_ids(tokenizer, hf_config, resolved: ResolvedModel) -> set[int]:
+    ids: set[int] = set()
+    for src in (text_config(hf_config), hf_config):
+        eos = getattr(src, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif eos:
+            ids.update(eos)
+    gen = resolved.path / "generation_config.json" if resolved.path.is_dir() else None
+    if gen is not None and gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        ids.update([eos] if isinstance(eos, int) else (eos or []))
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+class Frontend:
+    def __init__(self, config: EngineConfig, resolved: ResolvedModel | None = None,
+                 mm_device: torch.device | None = None):
+        """resolved: the checkpoint, when already resolved. mm_device: where images are laid
+        out into patches (a GPU only when the core shares this process: a CUDA tensor cannot
+        travel to another process as plain memory)."""
+        self.config = config
+        self.resolved = resolved or resolve(config)
+        self.hf_config = self.resolved.config
+        self.max_model_len, _ = engine_limits(config, self.hf_config)
+        self.vocab_size = text_config(self.hf_config).vocab_size
+        self.generation_defaults = generation_defaults(self.resolved)
+        self.tokenizer = None if config.skip_tokenizer_init else self._load_tokenizer()
+        if config.chat_template and self.tokenizer is not None:
+            self.tokenizer.chat_template = config.chat_template
+        self.input_processor = InputProcessor(
+            self.tokenizer, self.max_model_len, self.vocab_size,
+            eos_ids(self.tokenizer, self.hf_config, self.resolved), self.generation_defaults)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.mm_processor = None
+        if hasattr(resolve_model_class(self.hf_config), "embed_images"):
+            from autoglm_serve.multimodal.media import MediaPolicy
+            from autoglm_serve.multimodal.processor import MultiModalProcessor
+            path = self.resolved.path
+            self.mm_processor = MultiModalProcessor(
+                self.hf_config, path if path.is_dir() else None, config.mm_processor_kwargs,
+                config.limit_mm_per_prompt,
+                MediaPolicy(local_media_dir=config.allowed_local_media_path,
+                            allowed_domains=tuple(config.allowed_media_domains)),
+                device=mm_device)
+        self._ids = itertools.count()
+
+    def _load_tokenizer(self):
+        if self.config.tokenizer is None and is_builtin(self.resolved.path):
+            # the packaged architecture has no tokenizer files: GLM's special tokens and chat
+            # template over byte-level text (models/configs/glm_tokenizer.py)
+            from autoglm_serve.models.configs.glm_tokenizer import byte_level_glm_tokenizer
+            return byte_level_glm_tokenizer()
+        return load_tokenizer(self.resolved.path, self.config.tokenizer)
+
+    @property
+    def model_name(self) -> str:
+        return str(self.config.model or "SmolLM2-135M-Instruct")
+
+    def prepare(self, prompt: str | list[int], images=(), add_special_tokens: bool = True
+                ) -> PreparedPrompt:
+        """Tokenizes; with images, expands their placeholders and builds M-RoPE positions."""
+        token_ids = self.input_processor.tokenize(prompt, add_special_tokens)
+        text = prompt if isinstance(prompt, str) else None
+        if not images:
+            return PreparedPrompt(token_ids, text)
+        if self.mm_processor is None:
+            raise ValueError(f"model {self.model_name} does not accept image input")
+        mm = self.mm_processor.build(token_ids, list(images))
+        return PreparedPrompt(mm.token_ids, text, mm.items, mm.mrope)
+
+    def render_chat(self, messages: list[dict], chat_template_kwargs: dict | None = None
+                    ) -> tuple[str, list[str]]:
+        """The chat template applied (image parts reduced to markers) and the image URLs."""
+        from autoglm_serve.multimodal.processor import split_images
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("this model's tokenizer has no chat template; pass chat_template")
+        rendered, urls = split_images(messages)
+        if urls and self.mm_processor is None:
+            raise ValueError(f"model {self.model_name} does not accept image input")
+        text = self.tokenizer.apply_chat_template(rendered, tokenize=False,
+                                                  add_generation_prompt=True,
+                                                  **(chat_template_kwargs or {}))
+        return text, urls
+
+    def prepare_chat(self, messages: list[dict], chat_template_kwargs: dict | None = None
+                     ) -> PreparedPrompt:
+        text, urls = self.render_chat(messages, chat_template_kwargs)
+        images = self.mm_processor.load_images(urls) if urls else []
+        return self.prepare(text, images, add_special_tokens=False)
+
+    def next_request_id(self) -> str:
+        return f"req-{next(self._ids)}"
