@@ -1,0 +1,132 @@
+"""One end of a message channel between two processes that ships tensors as shared memory.
+
+Messages are pickled; CPU tensors inside them are not. A small tensor travels as raw bytes in
+the message; a large one (a screenshot's pixel patches: tens of MB) is copied once into an
+anonymous shared-memory file (memfd) whose descriptor crosses the Unix socket beside the
+message, and the receiver maps that file: no further copy, no pickling of the data. Unlike
+torch.multiprocessing's sharing this needs no /dev/shm space (containers often get 64 MB) and
+no resource-sharer thread. Where memfd is missing (not Linux), every tensor goes as bytes.
+
+Each end is used by one sending thread and one receiving thread at most.
+"""
+from __future__ import annotations
+
+import copyreg
+import io
+import os
+import pickle
+import socket
+import struct
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import recvfds, sendfds
+
+import torch
+
+SHARE_MIN_BYTES = 1 << 20        # below this a copy into the message is cheaper than a file
+_MAX_FDS_PER_SEND = 200          # the kernel passes at most 253 descriptors per message
+_HEADER = struct.Struct("<I")    # how many descriptors follow the message
+_HAS_MEMFD = hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
+
+
+def _map_file(fd: int, nbytes: int) -> torch.Tensor:
+    # torch maps the file and keeps no descriptor open (mmap.mmap would keep one per tensor)
+    return torch.from_file(f"/proc/self/fd/{fd}", shared=True, size=nbytes, dtype=torch.uint8)
+
+
+def _tensor_from_bytes(data: bytes, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+    if not data:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+def _shared_tensor(index: int, nbytes: int, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+    raise RuntimeError("a shared tensor is only rebuilt by TensorChannel.recv")
+
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, file, fds: list[int]):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.fds = fds
+        # a per-type table: only tensors pay a Python call, the other objects pickle as usual
+        self.dispatch_table = copyreg.dispatch_table.copy()
+        self.dispatch_table[torch.Tensor] = self._reduce_tensor
+
+    def _reduce_tensor(self, tensor: torch.Tensor):
+        if tensor.device.type != "cpu":
+            raise TypeError(f"a {tensor.device} tensor cannot be sent to another process: "
+                            "keep the front-end's tensors on the CPU")
+        flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+        dtype, shape = tensor.dtype, tuple(tensor.shape)
+        if flat.numel() < SHARE_MIN_BYTES or not _HAS_MEMFD:
+            return _tensor_from_bytes, (flat.numpy().tobytes(), dtype, shape)
+        fd = os.memfd_create("autoglm-tensor", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, flat.numel())
+            _map_file(fd, flat.numel()).copy_(flat)   # torch copies without the GIL
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fds.append(fd)
+        return _shared_tensor, (len(self.fds) - 1, flat.numel(), dtype, shape)
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file, fds: list[int]):
+        super().__init__(file)
+        self.fds = fds
+
+    def find_class(self, module: str, name: str):
+        if module == __name__ and name == "_shared_tensor":
+            return self._shared_tensor     # bound to this message's descriptors
+        return super().find_class(module, name)
+
+    def _shared_tensor(self, index: int, nbytes: int, dtype: torch.dtype, shape: tuple):
+        return _map_file(self.fds[index], nbytes).view(dtype).reshape(shape)
+
+
+class TensorChannel:
+    def __init__(self, conn: Connection):
+        """conn: one end of a duplex multiprocessing Pipe (a Unix socket pair)."""
+        self.conn = conn
+        self._sock = socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) \
+            if _HAS_MEMFD else None
+
+    def send(self, obj) -> None:
+        fds: list[int] = []
+        buf = io.BytesIO()
+        buf.write(_HEADER.pack(0))
+        try:
+            _Pickler(buf, fds).dump(obj)
+            view = buf.getbuffer()
+            _HEADER.pack_into(view, 0, len(fds))
+            self.conn.send_bytes(view)
+            view.release()
+            for i in range(0, len(fds), _MAX_FDS_PER_SEND):
+                sendfds(self._sock, fds[i:i + _MAX_FDS_PER_SEND])
+        finally:
+            for fd in fds:      # the receiver holds its own descriptors now
+                os.close(fd)
+
+    def recv(self):
+        """The next message; EOFError once the other end is closed."""
+        file = io.BytesIO(self.conn.recv_bytes())
+        (num_fds,) = _HEADER.unpack(file.read(_HEADER.size))
+        fds: list[int] = []
+        try:
+            while len(fds) < num_fds:
+                fds += recvfds(self._sock, min(_MAX_FDS_PER_SEND, num_fds - len(fds)))
+            return _Unpickler(file, fds).load()
+        finally:
+            for fd in fds:      # each tensor maps its file; the descriptors are not needed
+                os.close(fd)
+
+    def poll(self, timeout: float | None = 0.0) -> bool:
+        return self.conn.poll(timeout)
+
+    def fileno(self) -> int:
+        return self.conn.fileno()
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+        self.conn.close()
