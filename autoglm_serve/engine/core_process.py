@@ -1,0 +1,92 @@
+"""The engine core's own process (the server's default): it loads the model from the
+EngineConfig, says it is ready (or why it could not start), then steps the core for as long as
+the front-end wants.
+
+Three threads, so that stepping never waits on the socket: one receives messages into the
+core loop's inbox, the main one runs the loop, one sends the outputs back. The process ignores
+SIGINT and SIGTERM: a Ctrl-C or a group-wide SIGTERM (systemd, killpg) reaches the server,
+which drains its streams and then stops this process. If the server vanishes without a word,
+the closed socket ends this process at once: nobody is left to read what it computes.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import queue
+import signal
+import sys
+import threading
+import traceback
+from multiprocessing.connection import Connection
+
+from autoglm_serve.config import EngineConfig
+from autoglm_serve.engine.core_loop import run_core_loop
+from autoglm_serve.engine.core_messages import CoreFailed, CoreOutputs, CoreReady, Shutdown
+from autoglm_serve.engine.tensor_channel import TensorChannel
+
+logger = logging.getLogger(__name__)
+
+
+def run_core_process(config: EngineConfig, conn: Connection, log_level: int) -> None:
+    """The process's entry point (a spawned process: CUDA initialises here, not in the
+    server)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=log_level, stream=sys.stdout,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    channel = TensorChannel(conn)
+    inbox: queue.Queue = queue.Queue()
+    threading.Thread(target=_receive, args=(channel, inbox), name="core-input",
+                     daemon=True).start()
+    from autoglm_serve.engine.core import EngineCore
+    from autoglm_serve.engine.core_stats import engine_info
+    try:
+        core = EngineCore(config)
+    except BaseException as exc:   # reported to the server, which fails its start with it
+        channel.send(CoreFailed(_picklable(exc), traceback.format_exc()))
+        sys.exit(1)
+    channel.send(CoreReady(engine_info(core)))
+
+    outbox: queue.Queue = queue.Queue()
+    sender = threading.Thread(target=_send, args=(channel, outbox), name="core-output")
+    sender.start()
+    exit_code = 0
+    try:
+        run_core_loop(core, inbox, lambda outputs, stats: outbox.put(CoreOutputs(outputs, stats)))
+    except BaseException as exc:
+        logger.exception("the engine core stopped on an error")
+        outbox.put(CoreFailed(_picklable(exc), traceback.format_exc()))
+        exit_code = 1
+    outbox.put(None)
+    sender.join()
+    channel.close()
+    sys.exit(exit_code)
+
+
+def _receive(channel: TensorChannel, inbox: queue.Queue) -> None:
+    while True:
+        try:
+            msg = channel.recv()
+        except (EOFError, OSError):
+            os._exit(1)   # the server is gone without a Shutdown
+        inbox.put(msg)
+        if isinstance(msg, Shutdown):
+            return
+
+
+def _send(channel: TensorChannel, outbox: queue.Queue) -> None:
+    while (msg := outbox.get()) is not None:
+        try:
+            channel.send(msg)
+        except OSError:
+            os._exit(1)   # the server is gone
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    """The exception itself when it survives pickling, else a RuntimeError with its text."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
