@@ -4,16 +4,20 @@
         httpx.get(server.url("/health"))
 
 The log goes to a file; when a test fails, its tail is printed so the server's side is visible.
+Every process the server starts inherits a marker in its environment, so a test can check that
+none outlives it (the engine core's process, multiprocessing's helpers).
 """
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -46,8 +50,10 @@ class ServerProcess:
         self.log_path = Path(tempfile.mkstemp(prefix="autoglm-server-", suffix=".log")[1])
         cmd = [sys.executable, "-m", module] + ([subcommand] if subcommand else [])
         self.cmd = cmd + list(args) + ["--host", "127.0.0.1", "--port", str(self.port)]
+        self.marker = uuid.uuid4().hex
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
-                    "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+                    "TOKENIZERS_PARALLELISM": "false", "AUTOGLM_TEST_SERVER": self.marker,
+                    **(env or {})}
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -86,6 +92,15 @@ class ServerProcess:
         except httpx.HTTPError:
             return False
 
+    def core_pid(self) -> int | None:
+        """The engine core's process, from the start-up report (None: a thread)."""
+        m = re.search(r"engine core: its own process \(pid (\d+)\)", self.log(tail=10**6))
+        return int(m.group(1)) if m else None
+
+    def processes(self) -> list[int]:
+        """Live processes started by this server (itself included): they carry its marker."""
+        return processes_with_marker(self.marker)
+
     def metrics(self) -> dict[str, float]:
         """Prometheus samples by name+labels, e.g. 'vllm:num_requests_running{...}'."""
         text = httpx.get(self.url("/metrics"), timeout=10).text
@@ -106,6 +121,29 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def processes_with_marker(marker: str) -> list[int]:
+    needle = f"AUTOGLM_TEST_SERVER={marker}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    pids.append(int(entry))
+        except OSError:   # gone meanwhile, or not ours to read
+            pass
+    return pids
+
+
+def wait_gone(server: ServerProcess, timeout: float = 15) -> list[int]:
+    """Waits for every process of a stopped server to end; returns those still alive."""
+    deadline = time.monotonic() + timeout
+    while (left := server.processes()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -132,3 +170,7 @@ def server_fixture(args: list[str], **kwargs):
         code = server.stop()
         if code not in (0, None):
             print(f"server exited with {code}; log tail:\n{server.log()}")
+        left = wait_gone(server)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        assert not left, f"processes left behind by the server: {left}"

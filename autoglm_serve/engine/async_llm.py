@@ -1,21 +1,27 @@
-"""The engine for the server: the core steps on its own thread, asyncio does the rest.
+"""The engine for the server: the front-end on the event loop, the core elsewhere.
 
-The core thread only schedules, runs the model and samples; it never waits on HTTP. Requests
-(already tokenized) and aborts reach it through a queue; its token outputs come back to the
-event loop, where the output processor detokenizes them and feeds each request's stream.
+The front-end (tokenizer, images, detokenization, stop strings: engine/frontend.py) works on
+the event loop and its worker threads. The core (scheduler, model, sampler) runs in its own
+process by default, so the per-token work of hundreds of streams never competes with it for
+the GIL; or, with ``core_process=False``, on a thread of this process. Requests (already
+tokenized) and aborts go to the core; its token outputs come back in batches, which the event
+loop turns into each request's outputs.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 from autoglm_serve.config import EngineConfig
+from autoglm_serve.engine.core import CoreOutput, engine_limits
+from autoglm_serve.engine.core_client import ProcessCoreClient, ThreadCoreClient
+from autoglm_serve.engine.core_stats import CoreStats, EngineInfo
+from autoglm_serve.engine.frontend import Frontend
 from autoglm_serve.engine.input_processor import PreparedPrompt
-from autoglm_serve.engine.llm_engine import LLMEngine
+from autoglm_serve.engine.model_setup import resolve
+from autoglm_serve.engine.output_collector import RequestOutputCollector
 from autoglm_serve.outputs import RequestOutput
 from autoglm_serve.sampling_params import SamplingParams
 
@@ -27,75 +33,82 @@ class QueueFullError(RuntimeError):
 
 
 class EngineDeadError(RuntimeError):
-    """The core thread died; the server cannot serve any more."""
-
-
-@dataclass
-class _Add:
-    requests: list
-
-
-@dataclass
-class _Abort:
-    child_ids: list[str]
+    """The engine core stopped; the server cannot serve any more."""
 
 
 class AsyncLLM:
-    def __init__(self, config: EngineConfig, max_waiting: int = 4096):
-        # The sync engine owns the core, the tokenizer and the processors; here the core is
-        # driven by a thread instead of LLM._run.
-        self.engine = LLMEngine(config)
-        self.core = self.engine.core
-        self.tokenizer = self.engine.tokenizer
+    def __init__(self, config: EngineConfig, max_waiting: int = 4096, core_process: bool = True):
+        self.config = config
         self.max_waiting = max_waiting
-        self._inbox: queue.Queue = queue.Queue()
-        self._streams: dict[str, asyncio.Queue] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._stopping = threading.Event()
+        resolved = resolve(config)
+        engine_limits(config, resolved.config)   # a bad setting fails here, before any load
+        if core_process:
+            self.client = ProcessCoreClient(config)   # loads the model while we go on
+            try:
+                self.frontend = Frontend(config, resolved)
+                self.info: EngineInfo = self.client.wait_ready()
+            except BaseException:
+                self.client.shutdown(timeout=0)
+                raise
+        else:
+            self.client = ThreadCoreClient(config)
+            # images are laid out into patches on the core's device, as offline
+            self.frontend = Frontend(config, resolved, mm_device=self.client.core.device)
+            self.info = self.client.wait_ready()
+        self.tokenizer = self.frontend.tokenizer
+        self.stats = CoreStats()
         self.dead: BaseException | None = None
+        self._collectors: dict[str, RequestOutputCollector] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # core outputs that arrived while the event loop was busy: handled in one go
+        self._arrived: list[CoreOutput] = []
+        self._arrived_stats = self.stats
+        self._arrived_lock = threading.Lock()
+        self._drain_scheduled = False
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self._loop = loop or asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._core_loop, name="engine-core", daemon=True)
-        self._thread.start()
+        self.client.start(self._on_core_outputs, self._on_core_failed)
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        self._stopping.set()
-        self._inbox.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self.client.shutdown(timeout)
 
     @property
     def num_unfinished(self) -> int:
-        return len(self._streams)
+        return len(self._collectors)
 
     # ---- requests -------------------------------------------------------------------------
     async def generate(self, request_id: str, prompt: PreparedPrompt | str | list[int],
                        params: SamplingParams, add_special_tokens: bool = True, mm_items=(),
                        mrope=None, delta: bool = True) -> AsyncIterator[RequestOutput]:
-        """Yields outputs as tokens arrive (only the new part each time when ``delta``).
-        Stopping the iteration (client gone) aborts the request. Prepare the prompt with
-        ``self.engine.prepare`` / ``prepare_chat`` (in a worker thread when it has images)."""
+        """Yields outputs as tokens arrive (only the new part each time when ``delta``; what
+        arrived while the caller was busy comes as one output). Stopping the iteration (client
+        gone) aborts the request. Prepare the prompt with ``self.frontend.prepare`` /
+        ``prepare_chat`` (in a worker thread when it has images)."""
         if self.dead is not None:
             raise EngineDeadError(f"the engine stopped: {self.dead!r}")
-        if self.core.num_waiting >= self.max_waiting:
+        if self._loop is None:
+            raise RuntimeError("AsyncLLM.start() was not called")
+        if self.stats.num_waiting >= self.max_waiting:
             raise QueueFullError(f"the server's queue is full ({self.max_waiting} waiting "
                                  "requests); retry later")
+        if request_id in self._collectors:
+            raise ValueError(f"request id {request_id!r} is already in use")
         if not isinstance(prompt, PreparedPrompt):
-            prompt = PreparedPrompt(self.engine.input_processor.tokenize(prompt, add_special_tokens),
+            prompt = PreparedPrompt(self.frontend.input_processor.tokenize(prompt,
+                                                                           add_special_tokens),
                                     prompt if isinstance(prompt, str) else None,
                                     list(mm_items), mrope)
-        requests = self.engine.input_processor.make_requests(request_id, prompt, params)
-        stream: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = stream
-        self.engine.output_processor.add(request_id, prompt.text, requests, delta)
-        self._inbox.put(_Add(requests))
+        requests = self.frontend.input_processor.make_requests(request_id, prompt, params)
+        collector = RequestOutputCollector(delta)
+        self._collectors[request_id] = collector
+        self.frontend.output_processor.add(request_id, prompt.text, requests, delta)
+        self.client.add(requests)
         finished = False
         try:
             while True:
-                item = await stream.get()
+                item = await collector.get()
                 if isinstance(item, BaseException):
                     raise EngineDeadError(f"the engine stopped: {item!r}") from item
                 yield item
@@ -103,57 +116,50 @@ class AsyncLLM:
                     finished = True
                     return
         finally:
-            self._streams.pop(request_id, None)
+            self._collectors.pop(request_id, None)
             if not finished:
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
-        child_ids = self.engine.output_processor.abort(request_id)
-        if child_ids:
-            self._inbox.put(_Abort(child_ids))
+        child_ids = self.frontend.output_processor.abort(request_id)
+        if child_ids and self.dead is None:
+            self.client.abort(child_ids)
 
-    # ---- the core thread ------------------------------------------------------------------
-    def _core_loop(self) -> None:
-        core = self.core
+    # ---- from the core client's thread ----------------------------------------------------
+    def _on_core_outputs(self, outputs: list[CoreOutput], stats: CoreStats) -> None:
+        with self._arrived_lock:
+            self._arrived += outputs
+            self._arrived_stats = stats
+            if self._drain_scheduled:
+                return
+            self._drain_scheduled = True
+        self._call_on_loop(self._handle_arrived)
+
+    def _on_core_failed(self, exc: BaseException) -> None:
+        logger.error("the engine core stopped: %s", exc)
+        self.dead = exc
+        self._call_on_loop(self._fail_all, exc)
+
+    def _call_on_loop(self, fn, *args) -> None:
         try:
-            while not self._stopping.is_set():
-                block = not core.has_unfinished()
-                self._drain_inbox(block)
-                if not core.has_unfinished():
-                    continue
-                outputs = core.step()
-                if outputs:
-                    self._loop.call_soon_threadsafe(self._on_outputs, outputs)
-        except BaseException as exc:  # surfaced to every waiting request
-            logger.exception("engine core died")
-            self.dead = exc
-            self._loop.call_soon_threadsafe(self._fail_all, exc)
-
-    def _drain_inbox(self, block: bool) -> None:
-        while True:
-            try:
-                msg = self._inbox.get(block=block, timeout=0.5 if block else None)
-            except queue.Empty:
-                return
-            block = False
-            if msg is None:
-                return
-            if isinstance(msg, _Add):
-                for r in msg.requests:
-                    self.core.add_request(r)
-            else:
-                self.core.abort(msg.child_ids)
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:   # the loop is closed: the server has stopped
+            pass
 
     # ---- back on the event loop -----------------------------------------------------------
-    def _on_outputs(self, outputs) -> None:
-        results, to_abort = self.engine.output_processor.process(outputs)
+    def _handle_arrived(self) -> None:
+        with self._arrived_lock:
+            outputs, self._arrived = self._arrived, []
+            self.stats = self._arrived_stats
+            self._drain_scheduled = False
+        results, to_abort = self.frontend.output_processor.process(outputs)
         if to_abort:
-            self._inbox.put(_Abort(to_abort))
+            self.client.abort(to_abort)
         for out in results:
-            stream = self._streams.get(out.request_id)
-            if stream is not None:
-                stream.put_nowait(out)
+            collector = self._collectors.get(out.request_id)
+            if collector is not None:
+                collector.put(out)
 
     def _fail_all(self, exc: BaseException) -> None:
-        for stream in self._streams.values():
-            stream.put_nowait(exc)
+        for collector in self._collectors.values():
+            collector.put(exc)

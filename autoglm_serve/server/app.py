@@ -160,7 +160,7 @@ def build_app(engine: AsyncLLM, settings: ServerSettings, gpu_stats=None) -> Fas
 
     @app.get("/v1/models")
     async def models():
-        root = str(engine.core.loaded.resolved.path)
+        root = engine.info.model_path
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": created, "owned_by": "autoglm-serve",
              "root": root, "parent": None, "max_model_len": serving.max_model_len,
@@ -198,7 +198,7 @@ def build_app(engine: AsyncLLM, settings: ServerSettings, gpu_stats=None) -> Fas
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
         serving.model_name(body.model)
-        vocab = engine.core.vocab_size
+        vocab = engine.info.vocab_size
         bad = [t for t in body.tokens if not 0 <= t < vocab]
         if bad:
             raise OpenAIError(400, f"token ids outside the vocabulary [0, {vocab}): {bad[:5]}",

@@ -131,6 +131,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     e.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    e.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the engine core in its own process, so the HTTP side never "
+                        "competes with it for the GIL; --no-engine-process: on a thread of the "
+                        "server process (one process to debug; slower under many streams)")
     mm = p.add_argument_group("multimodal")
     mm.add_argument("--allowed-local-media-path", default=None,
                     help="directory whose files requests may name as file:// images")

@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
@@ -38,20 +39,19 @@ def _gib(n: float) -> str:
 
 
 def startup_report(engine, settings: ServerSettings) -> list[str]:
-    core = engine.core
-    cache = core.cache
-    loaded = core.loaded
+    info = engine.info
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    where = f"its own process (pid {info.core_pid})" if info.core_pid != os.getpid() \
+        else "a thread of the server process"
     return [
-        f"model: {loaded.resolved.path} ({type(loaded.model).__name__})",
+        f"model: {info.model_path} ({info.model_class})",
         f"served model names: {', '.join(settings.served_model_names)}",
-        f"device: {core.device}    dtype: {str(loaded.dtype).removeprefix('torch.')}",
-        f"weights: {_gib(loaded.weight_bytes)}    loaded in {loaded.load_seconds:.1f} s",
-        f"KV cache: {cache.num_blocks} blocks x {cache.block_size} tokens = {cache.num_tokens} "
-        f"tokens ({_gib(cache.num_blocks * cache.bytes_per_block)})",
-        f"max_model_len: {core.max_model_len}    maximum concurrency at max_model_len: "
-        f"{cache.num_tokens / core.max_model_len:.2f}x    max_num_seqs: "
-        f"{core.config.max_num_seqs}",
+        f"device: {info.device}    dtype: {info.dtype}    engine core: {where}",
+        f"weights: {_gib(info.weight_bytes)}    loaded in {info.load_seconds:.1f} s",
+        f"KV cache: {info.kv_blocks} blocks x {info.kv_block_size} tokens = {info.kv_tokens} "
+        f"tokens ({_gib(info.kv_blocks * info.kv_bytes_per_block)})",
+        f"max_model_len: {info.max_model_len}    maximum concurrency at max_model_len: "
+        f"{info.kv_tokens / info.max_model_len:.2f}x    max_num_seqs: {info.max_num_seqs}",
         f"API key: {'required' if settings.api_key else 'none'}    reasoning parser: "
         f"{settings.reasoning_parser or 'none (per request: return_reasoning)'}",
         f"serving on http://{host}:{settings.port}/v1 (listening on {settings.host})",
@@ -65,13 +65,14 @@ def _configure_logging(level: str) -> None:
 
 
 async def _serve(engine, settings: ServerSettings, sock: socket.socket) -> None:
+    import torch
     import uvicorn
 
     from autoglm_serve.server.app import build_app
     from autoglm_serve.server.gpu_stats import GpuStats
 
-    gpu = GpuStats.open([engine.core.device.index or 0]) \
-        if engine.core.device.type == "cuda" else None
+    device = torch.device(engine.info.device)
+    gpu = GpuStats.open([device.index or 0]) if device.type == "cuda" else None
     app = build_app(engine, settings, gpu)
 
     @contextlib.asynccontextmanager
@@ -107,18 +108,22 @@ def run_server(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from autoglm_serve.engine.async_llm import AsyncLLM
+    from autoglm_serve.engine.core_client import EngineStartError
     logger.info("loading %s", config.model or "the embedded default model")
     try:
         # The server admits by its own exact count (Serving.admit); the engine's check reads
         # a waiting queue that may still hold just-aborted requests, so it is only a backstop.
         engine = AsyncLLM(config, max_waiting=2 * (config.max_num_seqs
-                                                   + settings.max_waiting_requests) + 1)
-    except (ValueError, FileNotFoundError, NotImplementedError) as exc:
+                                                   + settings.max_waiting_requests) + 1,
+                          core_process=args.engine_process)
+    except (ValueError, FileNotFoundError, NotImplementedError, EngineStartError) as exc:
         print(f"error: cannot start the engine: {exc}", file=sys.stderr)
         sock.close()
         return 2
     if engine.tokenizer is None:
         print("error: the server needs a tokenizer", file=sys.stderr)
+        engine.shutdown()
+        sock.close()
         return 2
     asyncio.run(_serve(engine, settings, sock))
     return 0

@@ -1,8 +1,8 @@
 """Prometheus metrics under vLLM's names, so existing Grafana dashboards work unchanged.
 
-Engine state (running, waiting, KV usage, token and prefix-cache counters) is read from the
-engine when /metrics is scraped, so the engine thread pays nothing for it; per-request
-latencies are observed by the server when a request ends.
+Engine state (running, waiting, KV usage, token and prefix-cache counters) is the latest
+snapshot the core sent with its outputs, read when /metrics is scraped, so the core pays
+nothing for a scrape; per-request latencies are observed by the server when a request ends.
 """
 from __future__ import annotations
 
@@ -46,43 +46,41 @@ class _EngineCollector:
         return c
 
     def collect(self):
-        core = self.engine.core
-        kv = core.kv
-        cache = core.cache
+        stats, info = self.engine.stats, self.engine.info
         yield self._gauge("vllm:num_requests_running", "Requests in model execution batches.",
-                          core.num_running)
+                          stats.num_running)
         yield self._gauge("vllm:num_requests_waiting", "Requests waiting to be processed.",
-                          core.num_waiting)
+                          stats.num_waiting)
         yield self._gauge("vllm:kv_cache_usage_perc",
-                          "KV-cache usage. 1 means 100 percent usage.", kv.usage)
+                          "KV-cache usage. 1 means 100 percent usage.", stats.kv_usage)
         yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
-                            core.num_prompt_tokens_total)
+                            stats.prompt_tokens_total)
         yield self._counter("vllm:generation_tokens", "Number of generation tokens processed.",
-                            core.num_generation_tokens_total)
+                            stats.generation_tokens_total)
         yield self._counter("vllm:prefix_cache_queries",
-                            "Prefix cache queries, in tokens.", kv.prefix_queries)
+                            "Prefix cache queries, in tokens.", stats.prefix_queries)
         yield self._counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.",
-                            kv.prefix_hits)
+                            stats.prefix_hits)
         yield self._counter("vllm:num_preemptions", "Cumulative number of preemptions.",
-                            core.scheduler.num_preemptions)
-        info = {"block_size": str(cache.block_size), "num_gpu_blocks": str(cache.num_blocks),
-                "max_model_len": str(core.max_model_len), "dtype": str(core.loaded.dtype),
-                "device": str(core.device)}
-        yield self._gauge("vllm:cache_config_info", "Information of the cache config.", 1, info)
-        yield self._gauge("autoglm:kv_cache_blocks", "KV-cache blocks.", cache.num_blocks)
+                            stats.num_preemptions)
+        config = {"block_size": str(info.kv_block_size), "num_gpu_blocks": str(info.kv_blocks),
+                  "max_model_len": str(info.max_model_len), "dtype": f"torch.{info.dtype}",
+                  "device": info.device}
+        yield self._gauge("vllm:cache_config_info", "Information of the cache config.", 1,
+                          config)
+        yield self._gauge("autoglm:kv_cache_blocks", "KV-cache blocks.", info.kv_blocks)
         yield self._gauge("autoglm:kv_cache_tokens", "KV-cache capacity in tokens.",
-                          cache.num_tokens)
+                          info.kv_tokens)
         yield self._gauge("autoglm:max_concurrency",
                           "Requests of max_model_len tokens that fit in the KV cache.",
-                          cache.num_tokens / core.max_model_len)
+                          info.kv_tokens / info.max_model_len)
         yield self._gauge("autoglm:model_weight_bytes", "Bytes of model weights.",
-                          core.loaded.weight_bytes)
-        encoder = core.runner.encoder_cache
-        if encoder is not None:   # vision models: ViT runs skipped for images seen before
+                          info.weight_bytes)
+        if info.has_encoder_cache:   # vision models: ViT runs skipped for images seen before
             yield self._counter("autoglm:encoder_cache_queries",
-                                "Image encoder lookups, in images.", encoder.hits + encoder.misses)
+                                "Image encoder lookups, in images.", stats.encoder_queries)
             yield self._counter("autoglm:encoder_cache_hits",
-                                "Image encoder cache hits, in images.", encoder.hits)
+                                "Image encoder cache hits, in images.", stats.encoder_hits)
         if self.gpu_stats is not None:
             yield from self.gpu_stats.collect(self.labels)
 

@@ -26,13 +26,13 @@ class Serving:
         self.settings = settings
         self.metrics = metrics
         self.tokenizer = engine.tokenizer
-        self.max_model_len: int = engine.core.max_model_len
+        self.max_model_len: int = engine.info.max_model_len
         self.served_names = settings.served_model_names
-        self.defaults = {**(engine.core.loaded.generation_defaults
-                              if settings.use_generation_config else {}),
+        self.defaults = {**(engine.frontend.generation_defaults
+                            if settings.use_generation_config else {}),
                          **settings.generation_overrides}
         self.default_max_tokens: int | None = self.defaults.get("max_new_tokens")
-        self.max_in_flight = engine.core.config.max_num_seqs + settings.max_waiting_requests
+        self.max_in_flight = engine.info.max_num_seqs + settings.max_waiting_requests
 
     def model_name(self, requested: str | None) -> str:
         if requested is None or requested == "":

@@ -47,7 +47,7 @@ class ChatHandler:
         that feeds the other streams."""
         if not rendered.images:
             return token_ids, {}
-        mm_processor = self.s.engine.engine.mm_processor
+        mm_processor = self.s.engine.frontend.mm_processor
         if mm_processor is None:
             raise bad_request(f"model {self.s.served_names[0]!r} does not accept image input "
                               "(it has no vision encoder)", "messages")
@@ -79,7 +79,7 @@ class ChatHandler:
         kwargs = dict(req.chat_template_kwargs or {})
         if req.enable_thinking is not None:
             kwargs.setdefault("enable_thinking", req.enable_thinking)
-        hf_config = s.engine.core.loaded.hf_config
+        hf_config = s.engine.frontend.hf_config
         rendered = render_messages(
             s.tokenizer, req.messages, chat_template=req.chat_template, template_kwargs=kwargs,
             add_generation_prompt=req.add_generation_prompt,

@@ -1,0 +1,161 @@
+"""The engine core in its own process (the default) and on a thread (--no-engine-process): the
+core's pid, streams that lag the engine arrive coalesced yet equal to the non-streamed answer,
+a killed core turns into 503s and an unhealthy /health, a core that cannot start fails the
+server's start with its reason, and a stopped server leaves no process behind."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.server_fixtures import (ROOT, ServerProcess, free_port, processes_with_marker,
+                                  server_fixture, wait_gone)
+from tests.tiny_llama import build_tiny_llama
+
+MAX_LEN = 1024
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+def server_args(tiny, *extra: str) -> list[str]:
+    return [str(tiny), "--served-model-name", "tiny", "--max-model-len", str(MAX_LEN),
+            "--dtype", "float32", "--kv-cache-memory-gib", "0.05", *extra]
+
+
+@pytest.fixture(scope="module", params=["process", "thread"])
+def server(request, tiny):
+    extra = [] if request.param == "process" else ["--no-engine-process"]
+    for srv in server_fixture(server_args(tiny, *extra)):
+        srv.mode = request.param
+        yield srv
+
+
+def chat_body(**kw) -> dict:
+    return {"model": "tiny", "messages": [{"role": "user", "content": "open the settings app"}],
+            "temperature": 0, **kw}
+
+
+def sse_events(lines) -> list[dict]:
+    return [json.loads(line[6:]) for line in lines
+            if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def test_where_the_core_runs(server):
+    pid = server.core_pid()
+    if server.mode == "process":
+        assert pid is not None and pid != server.proc.pid
+        assert pid in server.processes()
+        with open(f"/proc/{pid}/stat") as f:     # a child of the server
+            assert int(f.read().rsplit(")", 1)[1].split()[1]) == server.proc.pid
+    else:
+        assert pid is None and "engine core: a thread of the server process" in server.log()
+
+
+def test_a_lagging_stream_is_coalesced_and_equals_the_non_streamed_answer(server):
+    """The client reads nothing for a while through a tiny receive window: the server's
+    writes back up, tokens pile up behind the stream, and they must come out merged (several
+    tokens in one chunk) with text, token count, logprobs and finish reason all intact."""
+    body = chat_body(max_tokens=400, ignore_eos=True, logprobs=True, top_logprobs=2)
+    full = httpx.post(server.url("/v1/chat/completions"), json=body, timeout=120).json()
+    choice = full["choices"][0]
+
+    slow = httpx.HTTPTransport(socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)])
+    with httpx.Client(transport=slow, timeout=120) as client:
+        with client.stream("POST", server.url("/v1/chat/completions"),
+                           json={**body, "stream": True,
+                                 "stream_options": {"include_usage": True}}) as r:
+            assert r.status_code == 200
+            time.sleep(3)     # the engine finishes meanwhile; the stream cannot keep up
+            events = sse_events(r.iter_lines())
+    deltas = [e["choices"][0] for e in events if e["choices"]]
+    tokens_per_chunk = [len(d["logprobs"]["content"]) for d in deltas if d.get("logprobs")]
+    assert max(tokens_per_chunk) > 1, "nothing was coalesced: the test did not make it lag"
+    assert sum(tokens_per_chunk) == 400
+    assert "".join(d["delta"].get("content") or "" for d in deltas) == \
+        choice["message"]["content"]
+    streamed_lps = [t for d in deltas if d.get("logprobs") for t in d["logprobs"]["content"]]
+    assert [(t["token"], t["logprob"]) for t in streamed_lps] == \
+        [(t["token"], t["logprob"]) for t in choice["logprobs"]["content"]]
+    assert [len(t["top_logprobs"]) for t in streamed_lps] == [2] * 400
+    assert [d["finish_reason"] for d in deltas if d["finish_reason"]] == ["length"]
+    assert events[-1]["usage"]["completion_tokens"] == full["usage"]["completion_tokens"] == 400
+
+
+def test_metrics_come_from_the_core(server):
+    httpx.post(server.url("/v1/chat/completions"), json=chat_body(max_tokens=5), timeout=60)
+    text = httpx.get(server.url("/metrics")).text
+    assert "vllm:generation_tokens_total" in text and 'max_model_len="1024"' in text
+    assert server.metrics()  # parses
+    m = {k.split("{")[0]: v for k, v in server.metrics().items()}
+    assert m["vllm:generation_tokens_total"] >= 5 and m["vllm:num_requests_running"] == 0
+
+
+# ---- the core's process: death, start-up failure, shutdown ----------------------------------
+def test_a_killed_core_fails_requests_with_503_and_health_says_so(tiny):
+    server = ServerProcess(server_args(tiny)).start()
+    try:
+        pid = server.core_pid()
+        body = chat_body(max_tokens=900, ignore_eos=True, stream=True)
+        with httpx.stream("POST", server.url("/v1/chat/completions"), json=body,
+                          timeout=60) as r:
+            lines = r.iter_lines()
+            for _ in range(3):    # the stream is under way
+                next(line for line in lines if line.startswith("data: "))
+            os.kill(pid, signal.SIGKILL)
+            rest = [line for line in lines if line]
+        errors = [json.loads(line[6:])["error"] for line in rest
+                  if line.startswith("data: {\"error\"")]
+        assert len(errors) == 1 and "killed by SIGKILL" in errors[0]["message"], rest[-3:]
+        assert rest[-1] == "data: [DONE]"
+
+        health = httpx.get(server.url("/health"))
+        assert health.status_code == 503
+        assert "killed by SIGKILL" in health.json()["error"]["message"]
+        for path, req in (("/v1/chat/completions", chat_body(max_tokens=3)),
+                          ("/v1/completions", {"model": "tiny", "prompt": "tap", "max_tokens": 3})):
+            r = httpx.post(server.url(path), json=req, timeout=30)
+            assert r.status_code == 503 and r.json()["error"]["type"] == "server_error", r.text
+        assert "the engine core stopped" in server.log()
+    finally:
+        server.stop()
+    assert not wait_gone(server)
+
+
+def test_sigterm_stops_the_core_process_too(tiny):
+    server = ServerProcess(server_args(tiny)).start()
+    try:
+        core = server.core_pid()
+        assert core in server.processes()
+        r = httpx.post(server.url("/v1/chat/completions"), json=chat_body(max_tokens=4))
+        assert r.status_code == 200
+    finally:
+        code = server.stop(signal.SIGTERM)
+    assert code == 0, server.log()
+    assert not wait_gone(server), "the server left processes behind"
+    assert "Traceback" not in server.log()
+
+
+def test_a_core_that_cannot_start_fails_the_server_start_with_its_reason(tiny):
+    """A KV cache too small for max_model_len is found only by the core, in its process."""
+    marker = f"cannot-start-{os.getpid()}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
+           "AUTOGLM_TEST_SERVER": marker}
+    args = server_args(tiny)
+    args[args.index("0.05")] = "0.00001"
+    r = subprocess.run([sys.executable, "-m", "autoglm_serve.cli", "serve", *args,
+                        "--host", "127.0.0.1", "--port", str(free_port())], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "error: cannot start the engine: the KV cache holds" in r.stderr
+    assert "fewer than max_model_len=1024" in r.stderr
+    assert not processes_with_marker(marker)
