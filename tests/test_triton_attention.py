@@ -78,6 +78,11 @@ def test_decode_merge_in_kernel(dtype, partitions, min_chunk):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_self_check_passes_at_the_model_shapes(backend, dtype):
+    assert backend.self_check(torch.device(DEV), dtype, **MODEL)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("block_size", [16, 64])
 def test_prefill_without_prefix(backend, dtype, block_size):
     prefills = [(0, n) for n in [1, 7, 128, 129] + _lens(200, 4096, 3)]

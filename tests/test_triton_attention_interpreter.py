@@ -225,3 +225,19 @@ def test_engine_with_triton_backend_matches_torch(tmp_path, arch):
         results[backend] = [o.outputs[0].token_ids for prompts in batches
                             for o in llm.generate(prompts, params)]
     assert results["triton"] == results["torch"]
+
+
+def test_self_check_failure_falls_back_to_the_torch_backend(tmp_path, monkeypatch):
+    from autoglm_serve import LLM
+    from tests.tiny_models import build_tiny_decoder
+    path, _ = build_tiny_decoder(tmp_path, "glm4", vocab_size=256)
+    llm = LLM(str(path), skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
+              attention_backend="triton", block_size=16, kv_cache_memory_gib=0.05)
+    runner = llm.engine.core.runner
+    runner.check_backend()   # the real kernels pass
+    assert runner.backend.name == "triton"
+    monkeypatch.setattr(TritonAttentionBackend, "forward",
+                        lambda self, q, *args, **kwargs: torch.zeros_like(q))
+    runner.check_backend()
+    assert runner.backend.name == "torch"
+    assert all(layer.backend is runner.backend for layer in runner.attention_layers)

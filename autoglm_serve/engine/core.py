@@ -117,6 +117,7 @@ class EngineCore:
             from autoglm_serve.kernels import fused_ops, gemv
             fused_ops.self_check(self.device, self.loaded.dtype)
             gemv.self_check(self.device, self.loaded.dtype)   # before capture: it compiles
+            self.runner.check_backend()
             if not config.enforce_eager and self.runner.backend.name == "triton":
                 self.runner.capture_cuda_graphs()
             self.warm_up()

@@ -6,6 +6,7 @@ pure-decode step can replay a captured CUDA graph over the same memory.
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,6 +20,8 @@ from autoglm_serve.engine.sampler import Sampler, SamplerOutput, SamplingBatch, 
 from autoglm_serve.engine.scheduler import ScheduledRequest
 from autoglm_serve.models.layers.attention import Attention, AttentionBackend, AttentionMetadata
 from autoglm_serve.multimodal.encoder_cache import EncoderCache
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -205,6 +208,21 @@ class ModelRunner:
         return ids, pos, meta, logits_index
 
     # ---- step -----------------------------------------------------------------------------
+    def check_backend(self) -> None:
+        """Start-up check of the attention backend at this model's shapes: one whose kernels
+        fail or disagree with PyTorch is replaced by the PyTorch reference backend, so a kernel
+        problem on a new GPU or Triton version costs speed, never correctness."""
+        layer = self.attention_layers[0]
+        if self.backend.self_check(self.device, self.dtype, layer.num_heads, layer.num_kv_heads,
+                                   layer.head_dim):
+            return
+        from autoglm_serve.models.layers.torch_attention import TorchAttentionBackend
+        logger.warning("attention backend %r failed its self-check: using the PyTorch backend",
+                       self.backend.name)
+        self.backend = TorchAttentionBackend()
+        for layer in self.attention_layers:
+            layer.backend = self.backend
+
     def capture_cuda_graphs(self) -> None:
         from autoglm_serve.engine.cuda_graphs import DecodeGraphs
         self.graphs = DecodeGraphs(self.model, self.device, self.max_num_seqs,

@@ -57,6 +57,12 @@ class AttentionBackend:
         (fused into its KV write); otherwise the caller rotates them first."""
         return False
 
+    def self_check(self, device: torch.device, dtype: torch.dtype, num_heads: int,
+                   num_kv_heads: int, head_dim: int) -> bool:
+        """Whether the backend's kernels agree with the PyTorch reference at these shapes (run
+        once at start-up; an engine falls back to the reference when not)."""
+        return True
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, scale: float) -> torch.Tensor:
         """q: [T, H, D]; k, v: [T, Hkv, D]; kv_cache: [2, NB, Hkv, BS, D]. Returns [T, H, D]."""

@@ -8,6 +8,8 @@ pure-decode steps can be captured once and replayed.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from autoglm_serve.kernels import fused_ops_enabled
@@ -15,6 +17,8 @@ from autoglm_serve.kernels.kv_write import rotate_and_write_kv_cache, write_kv_c
 from autoglm_serve.kernels.paged_attention import (DecodeSplit, decode_attention, decode_split,
                                                    prefill_attention)
 from autoglm_serve.models.layers.attention import AttentionBackend, AttentionMetadata, Rope
+
+logger = logging.getLogger(__name__)
 
 
 def _num_sms(device: torch.device) -> int:
@@ -54,8 +58,32 @@ class TritonAttentionBackend(AttentionBackend):
         return counters
 
     def fuses_rotary(self) -> bool:
-        # off with the other fused kernels when the start-up self-check failed
+        # off with the other fused kernels when their start-up self-check failed
         return fused_ops_enabled()
+
+    def self_check(self, device: torch.device, dtype: torch.dtype, num_heads: int,
+                   num_kv_heads: int, head_dim: int) -> bool:
+        """Decode at these shapes against the PyTorch backend on random data: a lone long
+        context (the small-batch split, its partitions merged in the kernel) and a batch with a
+        padding row, each twice (the merge counters must have been reset)."""
+        from autoglm_serve.models.layers.torch_attention import TorchAttentionBackend
+        try:
+            for lens in ([700], [1, 300, 700, 0]):
+                q, k, v, cache, meta = _random_decodes(lens, num_heads, num_kv_heads, head_dim,
+                                                      dtype, device)
+                ref = TorchAttentionBackend().forward(q, k, v, cache.clone(), meta,
+                                                      head_dim ** -0.5)
+                for _ in range(2):
+                    out = self.forward(q, k, v, cache.clone(), meta, head_dim ** -0.5)
+                    err = (out.float() - ref.float()).norm() / ref.float().norm()
+                    if not err < 2e-2:
+                        logger.warning("Triton decode attention disagrees with PyTorch "
+                                       "(relative error %.2e)", err)
+                        return False
+        except Exception as exc:  # a compile or launch failure
+            logger.warning("Triton attention failed its self-check: %r", exc)
+            return False
+        return True
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, scale: float, out: torch.Tensor | None = None,
@@ -82,3 +110,26 @@ class TritonAttentionBackend(AttentionBackend):
                               meta.query_start_loc, scale, seq_offset=nd,
                               num_seqs=meta.num_seqs - nd, max_query_len=meta.max_query_len)
         return out
+
+
+def _random_decodes(seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int,
+                    dtype: torch.dtype, device: torch.device, block_size: int = 16):
+    """One decode step over random cached contexts (seq_len 0 = a padding row)."""
+    n = len(seq_lens)
+    max_blocks = -(-max(seq_lens) // block_size)
+    tables = torch.arange(n * max_blocks, dtype=torch.int32).view(n, max_blocks)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    pos = (lens.long() - 1).clamp(min=0)    # the new token's
+    slots = tables[torch.arange(n), pos // block_size].long() * block_size + pos % block_size
+    slots[lens == 0] = -1
+    starts = torch.arange(n + 1, dtype=torch.int32)
+    meta = AttentionMetadata(
+        num_seqs=n, num_decodes=n, num_tokens=n, max_query_len=1, max_seq_len=max(seq_lens),
+        query_start_loc=starts.to(device), seq_lens=lens.to(device),
+        block_tables=tables.to(device), slot_mapping=slots.to(device),
+        query_start_loc_cpu=starts, seq_lens_cpu=lens)
+    cache = torch.randn(2, n * max_blocks, num_kv_heads, block_size, head_dim, device=device,
+                        dtype=dtype)
+    q = torch.randn(n, num_heads, head_dim, device=device, dtype=dtype)
+    k, v = torch.randn(2, n, num_kv_heads, head_dim, device=device, dtype=dtype)
+    return q, k, v, cache, meta
