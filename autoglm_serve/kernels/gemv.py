@@ -57,8 +57,31 @@ class GemvConfig(NamedTuple):
 
 # (kind, rows bucket, N, K) -> config, for 16-bit weights. kind is "linear" or "gated" (N is
 # then I, the weight has 2I rows); the bucket is the next power of two >= M. None: cuBLAS was
-# faster there, so F.linear runs. Paste the table printed by bench/gpu/gemv_bench.py here.
-TUNED: dict[tuple[str, int, int, int], GemvConfig | None] = {}
+# faster there, so F.linear runs. The table bench/gpu/gemv_bench.py prints, from the H200
+# (bf16, 2026-11-29) at AutoGLM-Phone-9B's shapes; each comment: the GEMV's time, then cuBLAS's
+# (plus the separate SiLU kernel for "gated").
+TUNED: dict[tuple[str, int, int, int], GemvConfig | None] = {
+    ('gated', 1, 13696, 4096): GemvConfig(8, 512, 1, 4, 6, False),  # 53.9 us, cuBLAS + SiLU 57.9
+    ('gated', 2, 13696, 4096): GemvConfig(64, 128, 1, 8, 3, True),  # 54.7 us, cuBLAS + SiLU 57.4
+    ('gated', 4, 13696, 4096): GemvConfig(64, 128, 1, 4, 3, True),  # 54.6 us, cuBLAS + SiLU 58.2
+    ('gated', 8, 13696, 4096): GemvConfig(64, 128, 1, 4, 3, True),  # 55.0 us, cuBLAS + SiLU 58.2
+    ('linear', 1, 4096, 13696): GemvConfig(16, 512, 1, 4, 4, False),  # 28.0 us, cuBLAS 30.7
+    ('linear', 2, 4096, 13696): GemvConfig(64, 128, 4, 4, 4, True),  # 29.3 us, cuBLAS 30.6
+    ('linear', 4, 4096, 13696): GemvConfig(64, 128, 4, 4, 4, True),  # 29.7 us, cuBLAS 30.5
+    ('linear', 8, 4096, 13696): GemvConfig(64, 128, 4, 4, 4, True),  # 29.9 us, cuBLAS 30.6
+    ('linear', 1, 151552, 4096): GemvConfig(16, 256, 1, 4, 3, False),  # 277.7 us, cuBLAS 297.1
+    ('linear', 2, 151552, 4096): GemvConfig(64, 256, 1, 4, 2, True),  # 279.1 us, cuBLAS 297.9
+    ('linear', 4, 151552, 4096): GemvConfig(64, 256, 1, 4, 3, True),  # 282.1 us, cuBLAS 300.6
+    ('linear', 8, 151552, 4096): GemvConfig(64, 256, 1, 4, 2, True),  # 283.6 us, cuBLAS 301.4
+    ('linear', 1, 4608, 4096): GemvConfig(4, 256, 1, 4, 4, False),  # 11.6 us, cuBLAS 14.0
+    ('linear', 2, 4608, 4096): GemvConfig(64, 128, 2, 4, 4, True),  # 12.9 us, cuBLAS 14.1
+    ('linear', 4, 4608, 4096): GemvConfig(64, 128, 2, 4, 4, True),  # 12.9 us, cuBLAS 14.0
+    ('linear', 8, 4608, 4096): GemvConfig(32, 128, 2, 4, 4, True),  # 12.9 us, cuBLAS 13.9
+    ('linear', 1, 4096, 4096): GemvConfig(8, 256, 1, 4, 4, False),  # 10.1 us, cuBLAS 12.3
+    ('linear', 2, 4096, 4096): GemvConfig(64, 128, 4, 4, 3, True),  # 11.0 us, cuBLAS 12.4
+    ('linear', 4, 4096, 4096): GemvConfig(64, 128, 4, 4, 3, True),  # 11.2 us, cuBLAS 12.5
+    ('linear', 8, 4096, 4096): GemvConfig(64, 128, 4, 4, 4, True),  # 11.2 us, cuBLAS 12.4
+}
 
 
 def rows_bucket(m: int) -> int:
