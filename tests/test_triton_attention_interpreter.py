@@ -88,7 +88,7 @@ def test_decode_split_k(backend, dtype, block_size):
 
 
 def test_decode_partition_counts(backend):
-    # Same batch with the split-K grid forced to 1 (direct write) and to 8 (merge kernel).
+    # Same batch with the split-K grid forced to 1 (direct write) and to 8 (partials merged).
     b = make_batch([90, 520], [], num_heads=4, num_kv_heads=1, head_dim=16, block_size=16,
                    dtype=torch.float32, device="cpu")
     for parts in (1, 8):

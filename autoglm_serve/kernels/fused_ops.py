@@ -4,11 +4,13 @@ A GLM-4 layer in plain PyTorch launches ~60 kernels, ~50 of them tiny elementwis
 RMSNorms of ~9 ops each, rotary of ~20, SiLU-and-mul of 2). At decode even inside a CUDA graph
 each costs 1.5-2.5 us, which over 40 layers is as long as the step's matrix work. These kernels
 do each of those groups in one pass, with the same rounding points as the PyTorch code (float32
-statistics, results rounded to the activation dtype where PyTorch rounds them).
+statistics, results rounded to the activation dtype where PyTorch rounds them); GLM-4's norm of a
+sublayer's output, the residual add and the next norm are one pass too (``rms_norm_pair``).
 
-``ENABLED`` turns them on; ``self_check`` runs each once against its PyTorch twin at start-up
-and switches them off (with a warning) if one fails or disagrees, so a kernel problem on a new
-GPU or Triton version costs speed, never correctness.
+``ENABLED`` turns them on (and the rotary fused into the KV write, kernels/kv_write.py);
+``self_check`` runs each once against its PyTorch twin at start-up and switches them off (with a
+warning) if one fails or disagrees, so a kernel problem on a new GPU or Triton version costs
+speed, never correctness.
 """
 from __future__ import annotations
 
