@@ -130,13 +130,14 @@ def check_decode_merge(split: DecodeSplit, batch: Batch) -> None:
 
 
 def check_backend_with_rotary(backend, batch: Batch, rotary: RotaryEmbedding,
-                              positions: torch.Tensor | None = None) -> float:
+                              positions: torch.Tensor | None = None,
+                              column_major_tables: bool = False) -> float:
     """A backend that fuses rotary, fed un-rotated q/k plus this step's Rope, against the oracle
     fed q/k rotated by RotaryEmbedding's PyTorch path (on the CPU): q must come back rotated in
     place, the slots of this step must hold the oracle's rotated K and V and every other cache
     element must be untouched (padding rows write nothing), and the outputs must agree. Returns
     the output's relative error. positions (CPU; [T], or [3, T] for M-RoPE) are drawn at random
-    unless given."""
+    unless given; column_major_tables hands the kernel cos/sin with strided rows."""
     device = batch.q.device
     if positions is None:
         positions = torch.randint(0, rotary.cos_cache.shape[0], (batch.q.shape[0],))
@@ -151,8 +152,11 @@ def check_backend_with_rotary(backend, batch: Batch, rotary: RotaryEmbedding,
 
     q, cache = batch.q.clone(), batch.kv_cache.clone()
     out = torch.full_like(q, float("nan"))
+    cos, sin = cos.to(device), sin.to(device)
+    if column_major_tables:
+        cos, sin = cos.t().contiguous().t(), sin.t().contiguous().t()
     backend.forward(q, batch.k.clone(), batch.v, cache, batch.meta, batch.scale, out=out,
-                    rope=Rope(cos.to(device), sin.to(device), rotary.interleaved))
+                    rope=Rope(cos, sin, rotary.interleaved))
     tol = TOLERANCE[batch.q.dtype]
     assert rel_err(q, ref_q) < tol, "q not rotated in place"
     slots = batch.meta.slot_mapping[batch.meta.slot_mapping >= 0]

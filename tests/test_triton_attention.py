@@ -234,6 +234,7 @@ def test_rotary_fused_into_kv_write_mrope(backend, dtype):
                    **MODEL)
     positions = torch.randint(0, 3000, (3, b.q.shape[0]))
     check_backend_with_rotary(backend, b, rotary, positions)
+    check_backend_with_rotary(backend, b, rotary, positions, column_major_tables=True)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -198,6 +198,16 @@ def test_rotary_fused_into_kv_write(backend, dtype, interleaved, head_dim, rotar
     check_backend_with_rotary(backend, b, rotary)
 
 
+def test_rotary_fused_into_kv_write_mrope_strided_tables(backend):
+    # M-RoPE positions per frequency section; cos/sin tables whose rows are strided
+    from autoglm_serve.models.glm4v import MRotaryEmbedding
+    rotary = MRotaryEmbedding(32, 16, 1024, 10000.0, [2, 3, 3])
+    b = make_batch([30, 70], [(0, 9)], num_heads=4, num_kv_heads=2, head_dim=32, block_size=16,
+                   dtype=torch.float32, device="cpu", padding_rows=1)
+    positions = torch.randint(0, 1024, (3, b.q.shape[0]))
+    check_backend_with_rotary(backend, b, rotary, positions, column_major_tables=True)
+
+
 @pytest.mark.parametrize("num_decodes", [1, 3])
 def test_rotary_fused_into_kv_write_decode_only(backend, num_decodes):
     from autoglm_serve.models.layers.rotary import RotaryEmbedding

@@ -40,7 +40,8 @@ def _rotate_pairs(base, i1, i2, cos, sin, mask):
 
 @triton.jit
 def _write_kv_kernel(q_ptr, k_ptr, v_ptr, cache_ptr, slot_ptr, cos_ptr, sin_ptr,
-                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos,
+                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                     stride_cos_t, stride_cos_f, stride_sin_t, stride_sin_f,
                      stride_c_kv, stride_c_block, stride_c_head, stride_c_tok,
                      NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                      BLOCK_SIZE: tl.constexpr, ROTARY_HALF: tl.constexpr,
@@ -51,8 +52,8 @@ def _write_kv_kernel(q_ptr, k_ptr, v_ptr, cache_ptr, slot_ptr, cos_ptr, sin_ptr,
     if ROTARY_HALF > 0:
         f = tl.arange(0, BLOCK_HALF)[None, :]
         f_mask = f < ROTARY_HALF
-        cos = tl.load(cos_ptr + t * stride_cos + f, mask=f_mask, other=0.0)
-        sin = tl.load(sin_ptr + t * stride_cos + f, mask=f_mask, other=0.0)
+        cos = tl.load(cos_ptr + t * stride_cos_t + f * stride_cos_f, mask=f_mask, other=0.0)
+        sin = tl.load(sin_ptr + t * stride_sin_t + f * stride_sin_f, mask=f_mask, other=0.0)
         if INTERLEAVED:
             i1, i2 = 2 * f, 2 * f + 1
         else:
@@ -98,13 +99,14 @@ def _launch(q, k, v, kv_cache, slot_mapping, cos, sin, interleaved: bool) -> Non
     half = cos.shape[-1] if cos is not None else 0
     num_heads = q.shape[1] if q is not None else 0
     if half:
-        assert q.stride(-1) == 1 and cos.stride(-1) == 1 and sin.stride() == cos.stride()
+        assert q.stride(-1) == 1
     tail = head_dim - 2 * half
     _write_kv_kernel[(num_tokens,)](
         q if q is not None else k, k, v, kv_cache, slot_mapping,
         cos if half else k, sin if half else k,
         q.stride(0) if half else 0, q.stride(1) if half else 0,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0) if half else 0,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        *(cos.stride() + sin.stride() if half else (0, 0, 0, 0)),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_SIZE=kv_cache.shape[3], ROTARY_HALF=half, INTERLEAVED=interleaved,
@@ -125,6 +127,6 @@ def rotate_and_write_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
                               cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> None:
     """Rotates q [T, H, D] in place and writes the rotated k and v ([T, Hkv, D]) as
-    write_kv_cache does; cos, sin: [T, rotary_dim // 2] float32 (rows may be strided). Every row
+    write_kv_cache does; cos, sin: [T, rotary_dim // 2] float32 (any strides). Every row
     of q is rotated, padding rows (slot -1) included."""
     _launch(q, k, v, kv_cache, slot_mapping, cos, sin, interleaved)
