@@ -11,6 +11,9 @@ the query heads that share it (GQA).
 
 Padding rows (CUDA-graph batches padded to a captured size) have ``slot_mapping == -1``
 (nothing written) and ``seq_lens == 0`` (output ignored).
+
+The rotary embedding of q and k is part of the op: a backend may fuse it into its KV write
+(``fuses_rotary``); otherwise ``Attention`` rotates them before calling it.
 """
 from __future__ import annotations
 
