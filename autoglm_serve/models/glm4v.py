@@ -33,9 +33,8 @@ class MRotaryEmbedding(RotaryEmbedding):
             return super().cos_sin(positions)
         # per frequency k: the angle of row section_rows[k] of the positions
         freq_idx = torch.arange(self.section_rows.numel(), device=positions.device)
-        # contiguous [T, F]: the fused kernels read cos/sin rows with unit stride
-        pos = positions[self.section_rows].t().contiguous()    # [T, F]
-        return self.cos_cache[pos, freq_idx].contiguous(), self.sin_cache[pos, freq_idx].contiguous()
+        pos = positions[self.section_rows].t()                 # [T, F]
+        return self.cos_cache[pos, freq_idx], self.sin_cache[pos, freq_idx]
 
 
 def _text_name(name: str) -> str | None:
