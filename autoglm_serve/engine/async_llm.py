@@ -69,7 +69,7 @@ class AsyncLLM:
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self._loop = loop or asyncio.get_running_loop()
-        self.client.start(self._on_core_outputs, self._on_core_failed)
+        self.client.start(self._loop, self._on_core_outputs, self._on_core_failed)
 
     def shutdown(self, timeout: float = 10.0) -> None:
         self.client.shutdown(timeout)
@@ -125,7 +125,7 @@ class AsyncLLM:
         if child_ids and self.dead is None:
             self.client.abort(child_ids)
 
-    # ---- from the core client's thread ----------------------------------------------------
+    # ---- from the core client (its thread, or the event loop) -----------------------------
     def _on_core_outputs(self, outputs: list[CoreOutput], stats: CoreStats) -> None:
         with self._arrived_lock:
             self._arrived += outputs
@@ -136,6 +136,8 @@ class AsyncLLM:
         self._call_on_loop(self._handle_arrived)
 
     def _on_core_failed(self, exc: BaseException) -> None:
+        if self.dead is not None:    # the first report says why; a later one only that it died
+            return
         logger.error("the engine core stopped: %s", exc)
         self.dead = exc
         self._call_on_loop(self._fail_all, exc)

@@ -1,12 +1,13 @@
 """The server's handle on its engine core: in its own process (ProcessCoreClient, the default)
 or on a thread of the server's process (ThreadCoreClient, --no-engine-process).
 
-Both take requests and aborts from the event loop without blocking it, and call back, from a
-thread of their own, with each batch of core outputs (on_outputs) or once with the error that
-stopped the core (on_failed).
+Both take requests and aborts from the event loop without blocking it, and call back with
+each batch of core outputs (on_outputs) or with the error that stopped the core (on_failed),
+from the event loop or from a thread of theirs: the callbacks must take either.
 """
 from __future__ import annotations
 
+import asyncio
 import atexit
 import logging
 import multiprocessing
@@ -37,6 +38,11 @@ class EngineStartError(RuntimeError):
 
 
 class ProcessCoreClient:
+    """Messages to the core go through a sending thread (pickling a request with its images
+    stays off the event loop); the core's messages are read on the event loop itself, when
+    its socket is readable, so no thread has to win the GIL from a busy loop to hand them
+    over."""
+
     def __init__(self, config: EngineConfig):
         """Spawns the core process, which starts loading the model; wait_ready() waits for it
         (the front-end builds its tokenizer meanwhile)."""
@@ -48,7 +54,10 @@ class ProcessCoreClient:
         child_conn.close()   # the child holds the only copy: its death reads as end-of-file here
         self.channel = TensorChannel(conn)
         self._outbox: queue.Queue = queue.Queue()
-        self._threads: list[threading.Thread] = []
+        self._sender: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_outputs: OnOutputs | None = None
+        self._on_failed: OnFailed | None = None
         self._closing = False
         self.info: EngineInfo | None = None
         atexit.register(self.shutdown)
@@ -58,7 +67,7 @@ class ProcessCoreClient:
         while not wait([self.channel.conn, self.process.sentinel], timeout=1.0):
             pass
         try:
-            msg = self.channel.recv()
+            (msg,) = self.channel.recv()
         except (EOFError, OSError):
             msg = None
         if isinstance(msg, CoreReady):
@@ -71,14 +80,13 @@ class ProcessCoreClient:
         raise EngineStartError(f"the engine core process {self._how_it_ended()} while "
                                "starting; its log above says why")
 
-    def start(self, on_outputs: OnOutputs, on_failed: OnFailed) -> None:
-        self._threads = [
-            threading.Thread(target=self._receive, args=(on_outputs, on_failed),
-                             name="core-client-input", daemon=True),
-            threading.Thread(target=self._send, args=(on_failed,), name="core-client-output",
-                             daemon=True)]
-        for t in self._threads:
-            t.start()
+    def start(self, loop: asyncio.AbstractEventLoop, on_outputs: OnOutputs,
+              on_failed: OnFailed) -> None:
+        self._loop, self._on_outputs, self._on_failed = loop, on_outputs, on_failed
+        loop.add_reader(self.channel.fileno(), self._on_readable)
+        self._sender = threading.Thread(target=self._send, name="core-client-output",
+                                        daemon=True)
+        self._sender.start()
 
     def add(self, requests: list[Request]) -> None:
         self._outbox.put(AddRequests(requests))
@@ -92,11 +100,12 @@ class ProcessCoreClient:
             return
         self._closing = True
         atexit.unregister(self.shutdown)
-        if self._threads:
+        self._stop_reading()
+        if self._sender is not None:
             self._outbox.put(Shutdown())   # also ends the sending thread if the process is gone
         elif self.process.is_alive():
             try:
-                self.channel.send(Shutdown())
+                self.channel.send([Shutdown()])
             except OSError:
                 pass
         self.process.join(timeout)
@@ -105,37 +114,50 @@ class ProcessCoreClient:
                            timeout)
             self.process.kill()
             self.process.join()
-        for t in self._threads:
-            t.join(timeout)
+        if self._sender is not None:
+            self._sender.join(timeout)
         self.channel.close()
 
-    # ---- the client's threads -------------------------------------------------------------
-    def _receive(self, on_outputs: OnOutputs, on_failed: OnFailed) -> None:
-        while True:
-            try:
-                msg = self.channel.recv()
-            except (EOFError, OSError):
-                if not self._closing:
-                    self.process.join(5.0)   # for its exit code
-                    on_failed(RuntimeError(f"the engine core process {self._how_it_ended()}"))
-                return
-            if isinstance(msg, CoreOutputs):
-                on_outputs(msg.outputs, msg.stats)
-            elif isinstance(msg, CoreFailed):   # the process logged the traceback
-                on_failed(msg.error)
+    # ---- on the event loop ----------------------------------------------------------------
+    def _on_readable(self) -> None:
+        try:
+            while self.channel.poll(0):
+                for msg in self.channel.recv():
+                    if isinstance(msg, CoreOutputs):
+                        self._on_outputs(msg.outputs, msg.stats)
+                    elif isinstance(msg, CoreFailed):   # the process logged the traceback
+                        self._on_failed(msg.error)
+        except (EOFError, OSError):
+            self._stop_reading()
+            if not self._closing:   # its exit code is known once it is reaped: not here
+                threading.Thread(target=self._report_death, daemon=True).start()
 
-    def _send(self, on_failed: OnFailed) -> None:
-        while True:
-            msg = self._outbox.get()
+    def _report_death(self) -> None:
+        self.process.join(5.0)
+        self._on_failed(RuntimeError(f"the engine core process {self._how_it_ended()}"))
+
+    def _stop_reading(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
             try:
-                self.channel.send(msg)
+                self._loop.remove_reader(self.channel.fileno())
+            except (RuntimeError, ValueError, OSError):   # not from the loop's thread, closed
+                pass
+
+    # ---- the sending thread ---------------------------------------------------------------
+    def _send(self) -> None:
+        while True:
+            batch = [self._outbox.get()]
+            while not self._outbox.empty():
+                batch.append(self._outbox.get_nowait())
+            try:
+                self.channel.send(batch)
             except OSError:
-                return      # the process is gone: _receive reports it
+                return      # the process is gone: the reader reports it
             except BaseException as exc:   # a message that cannot travel is a bug: say so
-                logger.exception("cannot send %s to the engine core", type(msg).__name__)
-                on_failed(exc)
+                logger.exception("cannot send a message to the engine core")
+                self._loop.call_soon_threadsafe(self._on_failed, exc)
                 return
-            if isinstance(msg, Shutdown):
+            if any(isinstance(msg, Shutdown) for msg in batch):
                 return
 
     def _how_it_ended(self) -> str:
@@ -165,7 +187,8 @@ class ThreadCoreClient:
     def wait_ready(self) -> EngineInfo:
         return self.info
 
-    def start(self, on_outputs: OnOutputs, on_failed: OnFailed) -> None:
+    def start(self, loop: asyncio.AbstractEventLoop, on_outputs: OnOutputs,
+              on_failed: OnFailed) -> None:
         self._thread = threading.Thread(target=self._run, args=(on_outputs, on_failed),
                                         name="engine-core", daemon=True)
         self._thread.start()

@@ -3,7 +3,9 @@ EngineConfig, says it is ready (or why it could not start), then steps the core 
 the front-end wants.
 
 Three threads, so that stepping never waits on the socket: one receives messages into the
-core loop's inbox, the main one runs the loop, one sends the outputs back. The process ignores
+core loop's inbox, the main one runs the loop, one sends the outputs back (all the steps that
+finished since its last send, as one message: a slow reader gets fewer, larger ones while the
+core keeps going). The process ignores
 SIGINT and SIGTERM: a Ctrl-C or a group-wide SIGTERM (systemd, killpg) reaches the server,
 which drains its streams and then stops this process. If the server vanishes without a word,
 the closed socket ends this process at once: nobody is left to read what it computes.
@@ -20,9 +22,12 @@ import threading
 import traceback
 from multiprocessing.connection import Connection
 
+import torch
+
 from autoglm_serve.config import EngineConfig
 from autoglm_serve.engine.core_loop import run_core_loop
-from autoglm_serve.engine.core_messages import CoreFailed, CoreOutputs, CoreReady, Shutdown
+from autoglm_serve.engine.core_messages import (CoreFailed, CoreOutputs, CoreReady, Shutdown,
+                                                merge_outputs)
 from autoglm_serve.engine.tensor_channel import TensorChannel
 
 logger = logging.getLogger(__name__)
@@ -35,6 +40,10 @@ def run_core_process(config: EngineConfig, conn: Connection, log_level: int) -> 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=log_level, stream=sys.stdout,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if config.resolve_device().type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        # A core of its own for the front-end: with one torch thread per core, the core's
+        # threads would keep waiting for each other whenever the server's process runs.
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - 1))
     channel = TensorChannel(conn)
     inbox: queue.Queue = queue.Queue()
     threading.Thread(target=_receive, args=(channel, inbox), name="core-input",
@@ -44,9 +53,9 @@ def run_core_process(config: EngineConfig, conn: Connection, log_level: int) -> 
     try:
         core = EngineCore(config)
     except BaseException as exc:   # reported to the server, which fails its start with it
-        channel.send(CoreFailed(_picklable(exc), traceback.format_exc()))
+        channel.send([CoreFailed(_picklable(exc), traceback.format_exc())])
         sys.exit(1)
-    channel.send(CoreReady(engine_info(core)))
+    channel.send([CoreReady(engine_info(core))])
 
     outbox: queue.Queue = queue.Queue()
     sender = threading.Thread(target=_send, args=(channel, outbox), name="core-output")
@@ -67,20 +76,29 @@ def run_core_process(config: EngineConfig, conn: Connection, log_level: int) -> 
 def _receive(channel: TensorChannel, inbox: queue.Queue) -> None:
     while True:
         try:
-            msg = channel.recv()
+            messages = channel.recv()
         except (EOFError, OSError):
             os._exit(1)   # the server is gone without a Shutdown
-        inbox.put(msg)
-        if isinstance(msg, Shutdown):
-            return
+        for msg in messages:
+            inbox.put(msg)
+            if isinstance(msg, Shutdown):
+                return
 
 
 def _send(channel: TensorChannel, outbox: queue.Queue) -> None:
-    while (msg := outbox.get()) is not None:
-        try:
-            channel.send(msg)
-        except OSError:
-            os._exit(1)   # the server is gone
+    """Sends until it takes the None that ends the loop."""
+    while True:
+        batch = [outbox.get()]
+        while not outbox.empty():
+            batch.append(outbox.get_nowait())
+        last = batch.index(None) if None in batch else len(batch)
+        if last:
+            try:
+                channel.send(merge_outputs(batch[:last]))
+            except OSError:
+                os._exit(1)   # the server is gone
+        if last < len(batch):
+            return
 
 
 def _picklable(exc: BaseException) -> BaseException:
