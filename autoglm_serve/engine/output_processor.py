@@ -107,12 +107,14 @@ class OutputProcessor:
             if child.finish_reason is None and out.finish_reason is not None:
                 child.finish_reason, child.stop_reason = out.finish_reason, out.stop_reason
             touched[parent] = state
-        results = [self._make_output(s) for s in touched.values()
-                   if s.finished or not s.final_only]
+        results = []
         for s in touched.values():
-            if s.finished:
+            finished = s.finished     # once: the server calls this per token of every stream
+            if finished:
                 s.metrics.finished_time = now
                 self._forget(s)
+            if finished or not s.final_only:
+                results.append(self._make_output(s, finished))
         return results, to_abort
 
     def abort(self, request_id: str) -> list[str]:
@@ -140,17 +142,17 @@ class OutputProcessor:
                 entry[tid] = Logprob(value, rank, decode(tid))
         return entry
 
-    def _make_output(self, state: RequestState) -> RequestOutput:
+    def _make_output(self, state: RequestState, finished: bool) -> RequestOutput:
         completions = []
         for child in state.children.values():
-            finished = child.finish_reason is not None
+            child_finished = child.finish_reason is not None
             if state.delta:
-                text = child.detok.new_text(finished) if child.detok else ""
+                text = child.detok.new_text(child_finished) if child.detok else ""
                 token_ids = child.token_ids[child.sent_tokens:]
                 logprobs = None if child.logprobs is None else child.logprobs[child.sent_logprobs:]
                 child.sent_tokens = len(child.token_ids)
                 child.sent_logprobs = len(child.logprobs or [])
-                if not (text or token_ids or finished):
+                if not (text or token_ids or child_finished):
                     continue
             else:
                 text = child.detok.text if child.detok else ""
@@ -160,5 +162,5 @@ class OutputProcessor:
                                                 child.stop_reason, logprobs,
                                                 child.cumulative_logprob))
         return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids, completions,
-                             state.finished, state.metrics, state.num_cached_tokens,
+                             finished, state.metrics, state.num_cached_tokens,
                              sum(c.num_preemptions for c in state.children.values()))
