@@ -45,8 +45,12 @@ def media_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, media_dir):
-    model = make_tiny_glm4v(tmp_path_factory.mktemp("tiny-glm4v"))
+def model(tmp_path_factory):
+    return make_tiny_glm4v(tmp_path_factory.mktemp("tiny-glm4v"))
+
+
+@pytest.fixture(scope="module")
+def server(model, media_dir):
     with ServerProcess([str(model), "--served-model-name", "autoglm-phone-9b",
                         "--max-model-len", "4096", "--allowed-local-media-path", str(media_dir),
                         "--limit-mm-per-prompt", '{"image": 2}',
@@ -82,6 +86,28 @@ def test_data_url_screenshot_answers(server):
     assert body["choices"][0]["finish_reason"] == "length"
     # the prompt counts the image's tokens: far more than the few text tokens
     assert body["usage"]["prompt_tokens"] > 40
+
+
+def test_a_screenshot_crosses_to_the_core_process_and_answers_as_in_process(server, model):
+    """The core runs in its own process; the screenshot's patches (over a megabyte: they go
+    as shared memory) reach it intact, so the answer equals the in-process engine's."""
+    from autoglm_serve import LLM, SamplingParams
+    from autoglm_serve.engine.tensor_channel import SHARE_MIN_BYTES
+
+    assert server.core_pid() not in (None, server.proc.pid)
+    content = [image_part(png_url(screenshot(21))), {"type": "text", "text": "tap ok"}]
+    r = chat(server, content, max_tokens=6, logprobs=True)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    llm = LLM(str(model), dtype="float32", max_model_len=4096,
+              mm_processor_kwargs={"max_pixels": MAX_PIXELS})
+    prompt = llm.engine.prepare_chat([{"role": "user", "content": content}])
+    assert prompt.mm_items[0].pixel_values.nbytes >= SHARE_MIN_BYTES
+    assert body["usage"]["prompt_tokens"] == len(prompt.token_ids)
+    offline = llm.chat([{"role": "user", "content": content}],
+                       SamplingParams(temperature=0, max_tokens=6))[0].outputs[0]
+    assert body["choices"][0]["message"]["content"] == offline.text
+    assert len(body["choices"][0]["logprobs"]["content"]) == len(offline.token_ids) == 6
 
 
 def test_bare_string_image_url_form(server):

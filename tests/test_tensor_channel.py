@@ -36,7 +36,7 @@ def echo():
 
 def test_tensors_round_trip(echo):
     gen = torch.Generator().manual_seed(0)
-    msg = {"patches": torch.rand(700, 1176, generator=gen),                 # 3.3 MB: shared
+    msg = {"patches": torch.rand(700, 1176, generator=gen),                 # 3.3 MB: shared memory
            "bf16": torch.rand(1024, 600, generator=gen).bfloat16(),       # shared
            "uint8": torch.randint(0, 255, (2400, 1080, 3), dtype=torch.uint8, generator=gen),
            "positions": torch.arange(3 * 50).reshape(3, 50),              # inline
