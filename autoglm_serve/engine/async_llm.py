@@ -52,8 +52,7 @@ class AsyncLLM:
                 raise
         else:
             self.client = ThreadCoreClient(config)
-            # images are laid out into patches on the core's device, as offline
-            self.frontend = Frontend(config, resolved, mm_device=self.client.core.device)
+            self.frontend = Frontend(config, resolved)
             self.info = self.client.wait_ready()
         self.tokenizer = self.frontend.tokenizer
         self.stats = CoreStats()

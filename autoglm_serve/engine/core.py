@@ -193,6 +193,8 @@ class EngineCore:
         if request.seed is not None and request.generator is None:
             # made here, on the logits' device: the front-end may have no access to it
             request.generator = make_generator(request.seed, self.device)
+        for item in request.mm_items:
+            item.lay_out(self.device)
         self.requests[request.request_id] = request
         self.scheduler.add(request)
         self.num_prompt_tokens_total += request.num_prompt_tokens

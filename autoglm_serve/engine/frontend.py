@@ -10,8 +10,6 @@ from __future__ import annotations
 import itertools
 import json
 
-import torch
-
 from autoglm_serve.config import EngineConfig
 from autoglm_serve.engine.core import engine_limits
 from autoglm_serve.engine.input_processor import InputProcessor, PreparedPrompt
@@ -40,11 +38,8 @@ def eos_ids(tokenizer, hf_config, resolved: ResolvedModel) -> set[int]:
 
 
 class Frontend:
-    def __init__(self, config: EngineConfig, resolved: ResolvedModel | None = None,
-                 mm_device: torch.device | None = None):
-        """resolved: the checkpoint, when already resolved. mm_device: where images are laid
-        out into patches (a GPU only when the core shares this process: a CUDA tensor cannot
-        travel to another process as plain memory)."""
+    def __init__(self, config: EngineConfig, resolved: ResolvedModel | None = None):
+        """resolved: the checkpoint, when already resolved."""
         self.config = config
         self.resolved = resolved or resolve(config)
         self.hf_config = self.resolved.config
@@ -67,8 +62,7 @@ class Frontend:
                 self.hf_config, path if path.is_dir() else None, config.mm_processor_kwargs,
                 config.limit_mm_per_prompt,
                 MediaPolicy(local_media_dir=config.allowed_local_media_path,
-                            allowed_domains=tuple(config.allowed_media_domains)),
-                device=mm_device)
+                            allowed_domains=tuple(config.allowed_media_domains)))
         self._ids = itertools.count()
 
     def _load_tokenizer(self):

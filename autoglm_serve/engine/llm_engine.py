@@ -18,7 +18,7 @@ from autoglm_serve.sampling_params import SamplingParams
 class LLMEngine(Frontend):
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None):
         self.core = EngineCore(config, loaded)
-        super().__init__(config, self.core.loaded.resolved, mm_device=self.core.device)
+        super().__init__(config, self.core.loaded.resolved)
 
     def add_request(self, request_id: str, prompt: PreparedPrompt, params: SamplingParams,
                     delta: bool = False, final_only: bool = False) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from autoglm_serve.multimodal.image_processor import Glm4vImageProcessor, ImageProcessorConfig
 from autoglm_serve.sampling_params import SamplingParams
 
 
@@ -29,8 +30,18 @@ class MultiModalItem:
     content_hash: str             # identifies the image for the prefix and encoder caches
     offset: int                   # first placeholder token in the prompt
     length: int                   # number of placeholder tokens
-    pixel_values: torch.Tensor    # [num_patches, C*T*P*P]
+    pixel_values: torch.Tensor    # [num_patches, C*T*P*P]; with ``layout``: the resized image
     grid_thw: tuple[int, int, int]
+    # Set while pixel_values still holds the resized (H, W, C) uint8 image, which the core
+    # lays out into patches on its own device: 8x fewer bytes cross from the front-end, and a
+    # GPU does the layout in well under a millisecond.
+    layout: ImageProcessorConfig | None = None
+
+    def lay_out(self, device: torch.device) -> None:
+        if self.layout is not None:
+            pixels = self.pixel_values.to(device)
+            self.pixel_values = Glm4vImageProcessor(self.layout).patches(pixels).pixel_values
+            self.layout = None
 
 
 @dataclass

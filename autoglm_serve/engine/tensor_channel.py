@@ -22,7 +22,7 @@ from multiprocessing.reduction import recvfds, sendfds
 
 import torch
 
-SHARE_MIN_BYTES = 1 << 18        # below this a copy into the message is cheaper than a file
+SHARE_MIN_BYTES = 1 << 16        # below this a copy into the message is cheaper than a file
 _MAX_FDS_PER_SEND = 200          # the kernel passes at most 253 descriptors per message
 _HEADER = struct.Struct("<I")    # how many descriptors follow the message
 _HAS_MEMFD = hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")

@@ -130,13 +130,26 @@ class Glm4vImageProcessor:
         """PIL resize on the host (for pixels identical to transformers'), then scaling,
         normalization and patch layout in torch: on ``device`` when given (a GPU does the
         ~15M-element shuffle of a phone screenshot in well under a millisecond)."""
-        c = self.config
-        rgb = to_rgb(image)
-        h, w = self.target_size(rgb.height, rgb.width)
-        resized = rgb.resize((w, h), resample=c.resample)
-        pixels = torch.from_numpy(np.array(resized))                 # H, W, C uint8
+        pixels = self.resize(image)
         if device is not None:
             pixels = pixels.to(device, non_blocking=False)
+        return self.patches(pixels)
+
+    def resize(self, image: Image.Image) -> torch.Tensor:
+        """The RGB image at its target size: (H, W, C) uint8, 8x smaller than its patches."""
+        rgb = to_rgb(image)
+        h, w = self.target_size(rgb.height, rgb.width)
+        return torch.from_numpy(np.array(rgb.resize((w, h), resample=self.config.resample)))
+
+    def grid_thw(self, resized: torch.Tensor) -> tuple[int, int, int]:
+        """The patch grid of a resized image."""
+        p = self.config.patch_size
+        return 1, resized.shape[0] // p, resized.shape[1] // p
+
+    def patches(self, pixels: torch.Tensor) -> ProcessedImage:
+        """A resized image (H, W, C) uint8 → its patches, on the pixels' device."""
+        c = self.config
+        h, w = pixels.shape[:2]
         # float64 scaling then float32, as transformers does (x / 255 rounded once)
         pixels = (pixels.double() * c.rescale_factor).float()
         mean = torch.tensor(c.image_mean, dtype=torch.float32, device=pixels.device)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from PIL import Image
 
 from autoglm_serve.engine.request import MultiModalItem
@@ -62,11 +61,11 @@ def split_images(messages: list[dict]) -> tuple[list[dict], list[str]]:
 
 
 class MultiModalProcessor:
+    """Images are resized here (the engine's front-end); the core lays them out into patches
+    on its device (MultiModalItem.lay_out)."""
+
     def __init__(self, hf_config, model_dir, mm_processor_kwargs: dict | None = None,
-                 limit_mm_per_prompt: dict | None = None, policy: MediaPolicy | None = None,
-                 device=None):
-        self.device = device if device is not None and torch.device(device).type == "cuda" \
-            else None
+                 limit_mm_per_prompt: dict | None = None, policy: MediaPolicy | None = None):
         self.image_processor = Glm4vImageProcessor.from_pretrained(model_dir,
                                                                    **(mm_processor_kwargs or {}))
         self.image_token_id = hf_config.image_token_id
@@ -87,12 +86,14 @@ class MultiModalProcessor:
         if len(loaded) > self.max_images:
             raise MediaError(f"at most {self.max_images} images per prompt are allowed "
                              f"(--limit-mm-per-prompt), got {len(loaded)}")
-        processed = [self.image_processor(i.image, self.device) for i in loaded]
-        grids = [p.grid_thw for p in processed]
+        resized = [self.image_processor.resize(i.image) for i in loaded]
+        grids = [self.image_processor.grid_thw(r) for r in resized]
         expanded = expand_image_tokens(token_ids, self.image_token_id, grids, self.merge)
         positions, delta = get_mrope_positions(expanded.token_ids, self.image_token_id, grids,
                                                self.merge)
         items = [MultiModalItem(content_hash=img.content_hash, offset=start, length=length,
-                                pixel_values=p.pixel_values, grid_thw=p.grid_thw)
-                 for img, p, (start, length) in zip(loaded, processed, expanded.image_ranges)]
+                                pixel_values=pixels, grid_thw=grid,
+                                layout=self.image_processor.config)
+                 for img, pixels, grid, (start, length)
+                 in zip(loaded, resized, grids, expanded.image_ranges)]
         return MultiModalPrompt(expanded.token_ids, items, (positions, delta))
