@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 
 from autoglm_serve.engine.core import CoreOutput
 from autoglm_serve.engine.detokenizer import IncrementalDetokenizer
-from autoglm_serve.engine.input_processor import child_id
 from autoglm_serve.engine.request import Request
 from autoglm_serve.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 
