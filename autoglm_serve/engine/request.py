@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from autoglm_serve.engine.host_transfer import to_device
 from autoglm_serve.multimodal.image_processor import Glm4vImageProcessor, ImageProcessorConfig
 from autoglm_serve.sampling_params import SamplingParams
 
@@ -39,7 +40,7 @@ class MultiModalItem:
 
     def lay_out(self, device: torch.device) -> None:
         if self.layout is not None:
-            pixels = self.pixel_values.to(device)
+            pixels = to_device(self.pixel_values, torch.uint8, device)
             self.pixel_values = Glm4vImageProcessor(self.layout).patches(pixels).pixel_values
             self.layout = None
 

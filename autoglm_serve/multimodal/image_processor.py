@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from autoglm_serve.engine.host_transfer import to_device
+
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
@@ -152,8 +154,9 @@ class Glm4vImageProcessor:
         h, w = pixels.shape[:2]
         # float64 scaling then float32, as transformers does (x / 255 rounded once)
         pixels = (pixels.double() * c.rescale_factor).float()
-        mean = torch.tensor(c.image_mean, dtype=torch.float32, device=pixels.device)
-        std = torch.tensor(c.image_std, dtype=torch.float32, device=pixels.device)
+        # queued, not synchronous: the engine core lays images out while a step runs
+        mean = to_device(c.image_mean, torch.float32, pixels.device)
+        std = to_device(c.image_std, torch.float32, pixels.device)
         pixels = ((pixels - mean) / std).permute(2, 0, 1)          # C, H, W
 
         p, m, tp = c.patch_size, c.merge_size, c.temporal_patch_size
