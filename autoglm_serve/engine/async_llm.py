@@ -6,6 +6,9 @@ process by default, so the per-token work of hundreds of streams never competes 
 the GIL; or, with ``core_process=False``, on a thread of this process. Requests (already
 tokenized) and aborts go to the core; its token outputs come back in batches, which the event
 loop turns into each request's outputs.
+
+The core's process is spawned (CUDA cannot start in a forked child), so a script that builds
+an AsyncLLM at import time needs the usual ``if __name__ == "__main__":`` guard.
 """
 from __future__ import annotations
 

@@ -131,6 +131,10 @@ class ProcessCoreClient:
             self._stop_reading()
             if not self._closing:   # its exit code is known once it is reaped: not here
                 threading.Thread(target=self._report_death, daemon=True).start()
+        except Exception as exc:    # a message we cannot read: the stream is lost, so is the core
+            logger.exception("cannot read the engine core's messages")
+            self._stop_reading()
+            self._on_failed(exc)
 
     def _report_death(self) -> None:
         self.process.join(5.0)
