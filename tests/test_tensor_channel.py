@@ -2,6 +2,8 @@
 ones inline, every dtype and layout; the receiver keeps no file descriptor per tensor."""
 import multiprocessing as mp
 import os
+import select
+import threading
 
 import pytest
 import torch
@@ -63,3 +65,33 @@ def test_device_tensors_are_refused(echo):
         echo.send({"x": torch.zeros(2, device="meta")})
     echo.send({"still": torch.ones(2)})          # the channel still works
     assert torch.equal(echo.recv()[0]["still"], torch.ones(2))
+
+
+def test_a_reader_that_must_not_wait_gets_whole_messages_only():
+    """recv_ready (an event loop's reader) returns the messages that arrived whole, never
+    waits for the rest of one (a 4 MB message outgrows the socket's buffer), and reports
+    end-of-file only after the last message."""
+    ctx = mp.get_context("spawn")
+    a, b = ctx.Pipe(duplex=True)
+    sender, receiver = TensorChannel(a), TensorChannel(b)
+    try:
+        assert receiver.recv_ready() == []
+        sender.send({"n": 1})
+        sender.send(["two", torch.arange(4)])
+        first, second = receiver.recv_ready()
+        assert first == {"n": 1} and torch.equal(second[1], torch.arange(4))
+
+        big = bytes(range(256)) * (4 << 12)
+        writer = threading.Thread(target=lambda: (sender.send(big), sender.send("last"),
+                                                  sender.close()))
+        writer.start()
+        got = []
+        while len(got) < 2:
+            select.select([receiver], [], [], 5)
+            got += receiver.recv_ready()
+        writer.join()
+        assert got == [big, "last"]
+        with pytest.raises(EOFError):
+            receiver.recv_ready()
+    finally:
+        receiver.close()

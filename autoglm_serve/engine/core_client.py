@@ -64,7 +64,7 @@ class ProcessCoreClient:
 
     def wait_ready(self) -> EngineInfo:
         """Blocks until the core is built; raises its start-up error."""
-        while not wait([self.channel.conn, self.process.sentinel], timeout=1.0):
+        while not wait([self.channel, self.process.sentinel], timeout=1.0):
             pass
         try:
             (msg,) = self.channel.recv()
@@ -121,8 +121,8 @@ class ProcessCoreClient:
     # ---- on the event loop ----------------------------------------------------------------
     def _on_readable(self) -> None:
         try:
-            while self.channel.poll(0):
-                for msg in self.channel.recv():
+            for batch in self.channel.recv_ready():
+                for msg in batch:
                     if isinstance(msg, CoreOutputs):
                         self._on_outputs(msg.outputs, msg.stats)
                     elif isinstance(msg, CoreFailed):   # the process logged the traceback

@@ -1,12 +1,14 @@
 """One end of a message channel between two processes that ships tensors as shared memory.
 
 Messages are pickled; CPU tensors inside them are not. A small tensor travels as raw bytes in
-the message; a large one (a screenshot's pixel patches: tens of MB) is copied once into an
-anonymous shared-memory file (memfd) whose descriptor crosses the Unix socket beside the
-message, and the receiver maps that file: no further copy, no pickling of the data. Unlike
-torch.multiprocessing's sharing this needs no /dev/shm space (containers often get 64 MB) and
-no resource-sharer thread. Where memfd is missing (not Linux), every tensor goes as bytes.
+the message; a large one (a screenshot) is copied once into an anonymous shared-memory file
+(memfd) whose descriptor crosses the Unix socket beside the message, and the receiver maps that
+file: no further copy, no pickling of the data. Unlike torch.multiprocessing's sharing this
+needs no /dev/shm space (containers often get 64 MB) and no resource-sharer thread. Where
+memfd is missing (not Linux), every tensor goes as bytes.
 
+A message leaves in one write, so a reader never waits for the rest of it on a sender that
+lost the GIL halfway; and ``recv_ready`` never waits at all (an event loop reads with it).
 Each end is used by one sending thread and one receiving thread at most.
 """
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 
 SHARE_MIN_BYTES = 1 << 16        # below this a copy into the message is cheaper than a file
 _MAX_FDS_PER_SEND = 200          # the kernel passes at most 253 descriptors per message
-_HEADER = struct.Struct("<I")    # how many descriptors follow the message
+_HEADER = struct.Struct("<QI")   # pickle bytes, descriptors sent after the message
 _HAS_MEMFD = hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
 
 
@@ -40,7 +42,7 @@ def _tensor_from_bytes(data: bytes, dtype: torch.dtype, shape: tuple) -> torch.T
 
 
 def _shared_tensor(index: int, nbytes: int, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
-    raise RuntimeError("a shared tensor is only rebuilt by TensorChannel.recv")
+    raise RuntimeError("a shared tensor is only rebuilt by TensorChannel")
 
 
 class _Pickler(pickle.Pickler):
@@ -86,20 +88,21 @@ class _Unpickler(pickle.Unpickler):
 
 class TensorChannel:
     def __init__(self, conn: Connection):
-        """conn: one end of a duplex multiprocessing Pipe (a Unix socket pair)."""
-        self.conn = conn
-        self._sock = socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) \
-            if _HAS_MEMFD else None
+        """conn: one end of a duplex multiprocessing Pipe (a Unix socket pair), which this
+        channel takes over."""
+        self._sock = socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.close()
+        self._buffer = bytearray()     # received bytes not yet part of a whole message
 
     def send(self, obj) -> None:
         fds: list[int] = []
         buf = io.BytesIO()
-        buf.write(_HEADER.pack(0))
+        buf.write(bytes(_HEADER.size))
         try:
             _Pickler(buf, fds).dump(obj)
             view = buf.getbuffer()
-            _HEADER.pack_into(view, 0, len(fds))
-            self.conn.send_bytes(view)
+            _HEADER.pack_into(view, 0, len(view) - _HEADER.size, len(fds))
+            self._sock.sendall(view)
             view.release()
             for i in range(0, len(fds), _MAX_FDS_PER_SEND):
                 sendfds(self._sock, fds[i:i + _MAX_FDS_PER_SEND])
@@ -108,25 +111,64 @@ class TensorChannel:
                 os.close(fd)
 
     def recv(self):
-        """The next message; EOFError once the other end is closed."""
-        file = io.BytesIO(self.conn.recv_bytes())
-        (num_fds,) = _HEADER.unpack(file.read(_HEADER.size))
+        """The next message, waiting for it; EOFError once the other end is closed."""
+        while (frame := self._next_frame()) is None:
+            self._read(block=True)
+        return self._load(*frame)
+
+    def recv_ready(self) -> list:
+        """The messages that have arrived whole, without waiting (for an event loop's reader:
+        call it when the socket is readable); EOFError once the other end is closed."""
+        messages = []
+        try:
+            while self._read(block=False):
+                if (frame := self._next_frame()) is not None:
+                    messages.append(self._load(*frame))
+        except EOFError:
+            if not messages:
+                raise
+        return messages     # an end-of-file after them shows at the next call
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def _read(self, block: bool) -> bool:
+        """Reads what the current message still lacks, never past it: the byte after a
+        message may carry its descriptors, which a plain read would drop. False when
+        nothing was there (without ``block``)."""
+        missing = _HEADER.size - len(self._buffer)
+        if missing <= 0:
+            missing += _HEADER.unpack_from(self._buffer)[0]
+        try:
+            data = self._sock.recv(missing, 0 if block else socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        if not data:
+            raise EOFError("the other end of the channel is closed")
+        self._buffer += data
+        return True
+
+    def _next_frame(self) -> tuple[bytes, int] | None:
+        if len(self._buffer) < _HEADER.size:
+            return None
+        size, num_fds = _HEADER.unpack_from(self._buffer)
+        if len(self._buffer) < _HEADER.size + size:
+            return None
+        with memoryview(self._buffer) as view:
+            payload = bytes(view[_HEADER.size:])
+        self._buffer.clear()
+        return payload, num_fds
+
+    def _load(self, payload: bytes, num_fds: int):
         fds: list[int] = []
         try:
+            # the descriptors follow their message; nothing else is sent until they are
             while len(fds) < num_fds:
                 fds += recvfds(self._sock, min(_MAX_FDS_PER_SEND, num_fds - len(fds)))
-            return _Unpickler(file, fds).load()
+            return _Unpickler(io.BytesIO(payload), fds).load()
         finally:
             for fd in fds:      # each tensor maps its file; the descriptors are not needed
                 os.close(fd)
-
-    def poll(self, timeout: float | None = 0.0) -> bool:
-        return self.conn.poll(timeout)
-
-    def fileno(self) -> int:
-        return self.conn.fileno()
-
-    def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-        self.conn.close()
