@@ -17,6 +17,11 @@ class IncrementalDetokenizer:
                  include_stop_str_in_output: bool = False):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        # The Rust tokenizer itself when that is all tokenizer.decode would run (no clean-up
+        # pass): its Python layers cost more than the decode, twice per token of every stream.
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._backend = backend if backend is not None and not getattr(
+            tokenizer, "clean_up_tokenization_spaces", True) else None
         self.stop = list(stop)
         self.include_stop = include_stop_str_in_output
         self.tokens: list[int] = list(prompt_token_ids[-6:])  # context for leading spaces
@@ -27,6 +32,8 @@ class IncrementalDetokenizer:
         self.stop_reason: str | None = None
 
     def _decode(self, ids: list[int]) -> str:
+        if self._backend is not None:
+            return self._backend.decode(ids, skip_special_tokens=self.skip_special_tokens)
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def add_tokens(self, token_ids: list[int]) -> None:
