@@ -38,7 +38,9 @@ def _rotate_pairs(base, i1, i2, cos, sin, mask):
     return r1, r2
 
 
-@triton.jit
+# An M-RoPE table's strides follow the step's token count: unspecialized, so that a new count
+# never compiles the kernel again mid-serving.
+@triton.jit(do_not_specialize=["stride_cos_t", "stride_cos_f", "stride_sin_t", "stride_sin_f"])
 def _write_kv_kernel(q_ptr, k_ptr, v_ptr, cache_ptr, slot_ptr, cos_ptr, sin_ptr,
                      stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                      stride_cos_t, stride_cos_f, stride_sin_t, stride_sin_f,

@@ -286,7 +286,10 @@ def decode_attention(out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor,
 # Prefill: varlen causal attention through the block table
 # ----------------------------------------------------------------------------------------------
 
-@triton.jit
+# seq_offset (the step's decode count) and num_q_tiles change every step: left unspecialized,
+# or each new value class (1, a multiple of 16, other) would compile the kernel again (~1 s)
+# in the middle of serving.
+@triton.jit(do_not_specialize=["seq_offset", "num_q_tiles"])
 def _prefill_kernel(out_ptr, q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr,
                     query_start_loc_ptr, scale_log2, seq_offset, num_q_tiles,
                     stride_qt, stride_qh, stride_ot, stride_oh,
