@@ -2,10 +2,11 @@
 EngineConfig, says it is ready (or why it could not start), then steps the core for as long as
 the front-end wants.
 
-Three threads, so that stepping never waits on the socket: one receives messages into the
-core loop's inbox, the main one runs the loop, one sends the outputs back (all the steps that
-finished since its last send, as one message: a slow reader gets fewer, larger ones while the
-core keeps going). The process ignores
+The main thread reads the socket itself between steps (without waiting while there is work)
+and steps; a second thread sends the outputs back (all the steps that finished since its last
+send, as one message: a slow reader gets fewer, larger ones while the core keeps going). A
+receiving thread would need the GIL, held by the steps' Python, several times a message: on the
+H200 a burst of 256 requests took seconds to reach the scheduler that way. The process ignores
 SIGINT and SIGTERM: a Ctrl-C or a group-wide SIGTERM (systemd, killpg) reaches the server,
 which drains its streams and then stops this process. If the server vanishes without a word,
 the closed socket ends this process at once: nobody is left to read what it computes.
@@ -20,6 +21,7 @@ import signal
 import sys
 import threading
 import traceback
+from collections import deque
 from multiprocessing.connection import Connection
 
 import torch
@@ -45,9 +47,6 @@ def run_core_process(config: EngineConfig, conn: Connection, log_level: int) -> 
         # threads would keep waiting for each other whenever the server's process runs.
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - 1))
     channel = TensorChannel(conn)
-    inbox: queue.Queue = queue.Queue()
-    threading.Thread(target=_receive, args=(channel, inbox), name="core-input",
-                     daemon=True).start()
     from autoglm_serve.engine.core import EngineCore
     from autoglm_serve.engine.core_stats import engine_info
     try:
@@ -62,7 +61,10 @@ def run_core_process(config: EngineConfig, conn: Connection, log_level: int) -> 
     sender.start()
     exit_code = 0
     try:
-        run_core_loop(core, inbox, lambda outputs, stats: outbox.put(CoreOutputs(outputs, stats)))
+        run_core_loop(core, _SocketInbox(channel),
+                      lambda outputs, stats: outbox.put(CoreOutputs(outputs, stats)))
+    except (EOFError, OSError):
+        os._exit(1)   # the server is gone without a Shutdown: nobody reads what we compute
     except BaseException as exc:
         logger.exception("the engine core stopped on an error")
         outbox.put(CoreFailed(_picklable(exc), traceback.format_exc()))
@@ -73,16 +75,26 @@ def run_core_process(config: EngineConfig, conn: Connection, log_level: int) -> 
     sys.exit(exit_code)
 
 
-def _receive(channel: TensorChannel, inbox: queue.Queue) -> None:
-    while True:
-        try:
-            messages = channel.recv()
-        except (EOFError, OSError):
-            os._exit(1)   # the server is gone without a Shutdown
-        for msg in messages:
-            inbox.put(msg)
-            if isinstance(msg, Shutdown):
-                return
+class _SocketInbox:
+    """The core loop's inbox (``get``, ``get_nowait``) read straight from the socket by the
+    stepping thread; each read of the socket may bring several messages (lists of them)."""
+
+    def __init__(self, channel: TensorChannel):
+        self.channel = channel
+        self.pending: deque = deque()
+
+    def get(self):
+        while not self.pending:
+            self.pending.extend(self.channel.recv())
+        return self.pending.popleft()
+
+    def get_nowait(self):
+        if not self.pending:
+            for messages in self.channel.recv_ready():
+                self.pending.extend(messages)
+        if not self.pending:
+            raise queue.Empty
+        return self.pending.popleft()
 
 
 def _send(channel: TensorChannel, outbox: queue.Queue) -> None:
