@@ -29,8 +29,6 @@ if not triton.knobs.runtime.interpret or not isinstance(
                 "or set TRITON_INTERPRET=1 in the environment (or a conftest)",
                 allow_module_level=True)
 
-import numpy as np  # noqa: E402
-import triton.language as tl  # noqa: E402
 import triton.runtime.interpreter as interpreter  # noqa: E402
 
 from autoglm_serve.models.layers.triton_attention import TritonAttentionBackend  # noqa: E402
@@ -38,34 +36,12 @@ from autoglm_serve.models.layers.triton_attention import TritonAttentionBackend 
 sys.path.insert(0, os.path.dirname(__file__))
 from paged_attention_cases import (  # noqa: E402
     TOLERANCE, check_backend, check_backend_with_rotary, check_decode_merge, make_batch, rel_err)
-
-
-# Two bugs of the Triton 3.6 interpreter (not of the kernels), patched for this process only:
-# 1. it keeps bf16 as raw uint16 and tl.dot multiplies those integers; widen them to fp32 first
-#    (exact: the GPU's bf16 MMA also accumulates exact products in fp32).
-# 2. range() over tensor bounds calls int() on a 1-element array, an error since numpy 2.4.
-def _dot_bf16_as_fp32(self, a, b, d, input_precision, max_num_imprecise_acc):
-    def widen(x):
-        if x.dtype.scalar == tl.bfloat16:
-            data = interpreter._convert_float(x.data, tl.bfloat16, tl.float32, None)
-            return interpreter.TensorHandle(data.view(np.float32), tl.float32)
-        return x
-    return _create_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
-
-
-def _patch_tensor(tensor, scope):
-    _patch_lang_tensor(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-
-_create_dot = interpreter.InterpreterBuilder.create_dot
-_patch_lang_tensor = interpreter._patch_lang_tensor
+from triton_interpreter_fixes import fix_interpreter  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def _interpreter_fixes(monkeypatch):
-    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", _dot_bf16_as_fp32)
-    monkeypatch.setattr(interpreter, "_patch_lang_tensor", _patch_tensor)
+    fix_interpreter(monkeypatch)   # bugs of the Triton 3.6 interpreter, not of the kernels
 
 
 @pytest.fixture
