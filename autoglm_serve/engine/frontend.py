@@ -8,29 +8,22 @@ have it while the core loads the model in its own process.
 from __future__ import annotations
 
 import itertools
-import json
 
 from autoglm_serve.config import EngineConfig
 from autoglm_serve.engine.core import engine_limits
 from autoglm_serve.engine.input_processor import InputProcessor, PreparedPrompt
-from autoglm_serve.engine.model_setup import generation_defaults, is_builtin, resolve, text_config
+from autoglm_serve.engine.model_setup import (generation_config, generation_defaults, is_builtin,
+                                              resolve, text_config)
 from autoglm_serve.engine.output_processor import OutputProcessor
 from autoglm_serve.loader.model_path import ResolvedModel
 from autoglm_serve.models.registry import resolve_model_class
 from autoglm_serve.tokenizer import load_tokenizer
 
 
-def eos_ids(tokenizer, hf_config, resolved: ResolvedModel) -> set[int]:
+def eos_ids(tokenizer, hf_config, gen_config: dict) -> set[int]:
     ids: set[int] = set()
-    for src in (text_config(hf_config), hf_config):
-        eos = getattr(src, "eos_token_id", None)
-        if isinstance(eos, int):
-            ids.add(eos)
-        elif eos:
-            ids.update(eos)
-    gen = resolved.path / "generation_config.json" if resolved.path.is_dir() else None
-    if gen is not None and gen.is_file():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
+    for eos in (getattr(text_config(hf_config), "eos_token_id", None),
+                getattr(hf_config, "eos_token_id", None), gen_config.get("eos_token_id")):
         ids.update([eos] if isinstance(eos, int) else (eos or []))
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
@@ -45,13 +38,14 @@ class Frontend:
         self.hf_config = self.resolved.config
         self.max_model_len, _ = engine_limits(config, self.hf_config)
         self.vocab_size = text_config(self.hf_config).vocab_size
-        self.generation_defaults = generation_defaults(self.resolved)
+        gen_config = generation_config(self.resolved)     # read once: defaults and EOS ids
+        self.generation_defaults = generation_defaults(gen_config)
         self.tokenizer = None if config.skip_tokenizer_init else self._load_tokenizer()
         if config.chat_template and self.tokenizer is not None:
             self.tokenizer.chat_template = config.chat_template
         self.input_processor = InputProcessor(
             self.tokenizer, self.max_model_len, self.vocab_size,
-            eos_ids(self.tokenizer, self.hf_config, self.resolved), self.generation_defaults)
+            eos_ids(self.tokenizer, self.hf_config, gen_config), self.generation_defaults)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.mm_processor = None
         if hasattr(resolve_model_class(self.hf_config), "embed_images"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -37,7 +37,6 @@ class LoadedModel:
     dtype: torch.dtype
     weight_bytes: int
     load_seconds: float
-    generation_defaults: dict = field(default_factory=dict)
 
 
 def resolve(config: EngineConfig) -> ResolvedModel:
@@ -61,14 +60,16 @@ def text_config(hf_config):
     return getattr(hf_config, "text_config", None) or hf_config
 
 
-def generation_defaults(resolved: ResolvedModel) -> dict:
-    """Sampling defaults from the checkpoint's generation_config.json (requests override)."""
+def generation_config(resolved: ResolvedModel) -> dict:
+    """The checkpoint's generation_config.json ({} without one)."""
     path = resolved.path / "generation_config.json" if resolved.path.is_dir() else None
-    if path is None or not path.is_file():
-        return {}
-    cfg = json.loads(path.read_text())
+    return json.loads(path.read_text()) if path is not None and path.is_file() else {}
+
+
+def generation_defaults(gen_config: dict) -> dict:
+    """Sampling defaults from a generation config (requests override them)."""
     keys = ("temperature", "top_p", "top_k", "repetition_penalty", "min_p")
-    return {k: cfg[k] for k in keys if k in cfg}
+    return {k: gen_config[k] for k in keys if k in gen_config}
 
 
 def load_model(config: EngineConfig, device: torch.device) -> LoadedModel:
@@ -89,4 +90,4 @@ def load_model(config: EngineConfig, device: torch.device) -> LoadedModel:
     model.eval()
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     return LoadedModel(model, hf_config, resolved, device, dtype, weight_bytes,
-                       time.monotonic() - start, generation_defaults(resolved))
+                       time.monotonic() - start)
