@@ -20,6 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
+from autoglm_serve.kernels import pdl
+from autoglm_serve.kernels.pdl import launch_next_grid, wait_for_previous_grid
+
 logger = logging.getLogger(__name__)
 
 ENABLED = True
@@ -43,10 +46,12 @@ def _weighted_rms_norm(x, w_ptr, cols, mask, n_cols, eps):
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, first_w_ptr, n_cols, eps,
                      first_eps, HAS_RESIDUAL: tl.constexpr, NORM_X_FIRST: tl.constexpr,
-                     BLOCK: tl.constexpr):
+                     BLOCK: tl.constexpr, PDL: tl.constexpr):
+    launch_next_grid(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
+    wait_for_previous_grid(PDL)
     x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
     if NORM_X_FIRST:
         # x is a sublayer's output that has its own norm before the residual add (GLM-4)
@@ -70,7 +75,7 @@ def _launch_rms_norm(x, weight, eps, residual, first_weight, first_eps):
                               new_res, first_weight if first_weight is not None else weight,
                               n_cols, eps, first_eps, HAS_RESIDUAL=residual is not None,
                               NORM_X_FIRST=first_weight is not None, BLOCK=_pow2(n_cols),
-                              num_warps=8 if n_cols >= 2048 else 4)
+                              num_warps=8 if n_cols >= 2048 else 4, **pdl.launch_options(x.device))
     return out if residual is None else (out, new_res)
 
 
@@ -87,10 +92,12 @@ def rms_norm_pair(x: torch.Tensor, residual: torch.Tensor, first_weight: torch.T
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, d, BLOCK: tl.constexpr):
+def _silu_mul_kernel(x_ptr, out_ptr, d, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    launch_next_grid(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
+    wait_for_previous_grid(PDL)
     gate = tl.load(x_ptr + row * 2 * d + cols, mask=mask, other=0.0)
     up = tl.load(x_ptr + row * 2 * d + d + cols, mask=mask, other=0.0)
     g = gate.to(tl.float32)
@@ -105,7 +112,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // (2 * d)
     out = torch.empty(*x.shape[:-1], d, dtype=x.dtype, device=x.device)
     block = min(1024, _pow2(d))
-    _silu_mul_kernel[(rows, triton.cdiv(d, block))](x, out, d, BLOCK=block)
+    _silu_mul_kernel[(rows, triton.cdiv(d, block))](x, out, d, BLOCK=block,
+                                                    **pdl.launch_options(x.device))
     return out
 
 

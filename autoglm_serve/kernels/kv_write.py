@@ -17,6 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
+from autoglm_serve.kernels import pdl
+from autoglm_serve.kernels.pdl import launch_next_grid, wait_for_previous_grid
+
 
 @triton.jit
 def _rounded(x, dtype: tl.constexpr):
@@ -48,7 +51,10 @@ def _write_kv_kernel(q_ptr, k_ptr, v_ptr, cache_ptr, slot_ptr, cos_ptr, sin_ptr,
                      NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                      BLOCK_SIZE: tl.constexpr, ROTARY_HALF: tl.constexpr,
                      INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HKV: tl.constexpr,
-                     BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, BLOCK_D: tl.constexpr):
+                     BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, BLOCK_D: tl.constexpr,
+                     PDL: tl.constexpr):
+    launch_next_grid(PDL)
+    wait_for_previous_grid(PDL)
     t = tl.program_id(0).to(tl.int64)
     hk = tl.arange(0, BLOCK_HKV)[:, None]
     if ROTARY_HALF > 0:
@@ -116,7 +122,8 @@ def _launch(q, k, v, kv_cache, slot_mapping, cos, sin, interleaved: bool) -> Non
         BLOCK_HKV=triton.next_power_of_2(num_kv_heads),
         BLOCK_HALF=triton.next_power_of_2(max(1, half)),
         BLOCK_TAIL=triton.next_power_of_2(max(1, tail)),
-        BLOCK_D=triton.next_power_of_2(head_dim), num_warps=4 if half else 1)
+        BLOCK_D=triton.next_power_of_2(head_dim), num_warps=4 if half else 1,
+        **pdl.launch_options(k.device))
 
 
 def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,

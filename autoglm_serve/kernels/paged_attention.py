@@ -26,6 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
+from autoglm_serve.kernels import pdl
+from autoglm_serve.kernels.pdl import launch_next_grid, wait_for_previous_grid
+
 LOG2E = 1.4426950408889634
 
 # Decode tiles: 64 tokens x head_dim per K/V load; a partition covers at least MIN_CHUNK tokens so
@@ -182,7 +185,9 @@ def _decode_kernel(out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, q_ptr, cac
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
                    NUM_PARTS: tl.constexpr, MIN_CHUNK: tl.constexpr, MERGE_RATIO: tl.constexpr,
-                   MERGE_TILE: tl.constexpr, PRECISION: tl.constexpr):
+                   MERGE_TILE: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+    launch_next_grid(PDL)
+    wait_for_previous_grid(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     part = tl.program_id(2)
@@ -279,7 +284,7 @@ def decode_attention(out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor,
         # a partial row (fp32, per query head) against a token's K and V (per KV head)
         MERGE_RATIO=(4 * group) / (2 * kv_cache.element_size()),
         MERGE_TILE=min(4, num_partitions), PRECISION=_dot_precision(q.dtype),
-        num_warps=4, num_stages=stages)
+        num_warps=4, num_stages=stages, **pdl.launch_options(q.device))
 
 
 # ----------------------------------------------------------------------------------------------
