@@ -4,7 +4,8 @@ The model is a tiny random Llama (tests/tiny_llama.py) on the CPU, so its forwar
 what is left of a step is the engine's own bookkeeping: the part that must stay well under the
 GPU's decode step (~18.6 ms at 512 rows on an H200) for async scheduling to hide it.
 
-    OMP_NUM_THREADS=1 python scripts/host_step_profile.py [--rows 512] [--repeats 3] [--cprofile]
+    OMP_NUM_THREADS=1 python scripts/host_step_profile.py [--model glm4v|llama] [--rows 512]
+        [--prompt-len 480 512] [--max-tokens 96] [--delta] [--repeats 3] [--cprofile]
 
 Only steps where all ``--rows`` requests decode count. Phases (ms per step, median over the
 steps of the best repeat):
@@ -86,10 +87,28 @@ class Recorder:
         setattr(obj, method, recorded)
 
 
-def build_engine(model_dir: Path, rows: int):
+def build_engine(model: str, tmp: Path, rows: int, max_model_len: int):
+    """A tiny random model: GLM-4.1V (the served model's code path: M-RoPE, encoder cache, GLM
+    byte-level tokenizer) or Llama. Its attention returns the query: the PyTorch reference
+    backend's padded decode attention takes ~0.4 s a step at 512 rows x 500 tokens on a CPU,
+    and the host's work does not depend on what attention computes."""
     from autoglm_serve import LLM
-    llm = LLM(str(model_dir), device="cpu", max_num_seqs=rows, max_num_batched_tokens=8192,
-              max_model_len=512, kv_cache_memory_gib=0.25)
+    from autoglm_serve.models.layers.attention import AttentionBackend
+
+    class QueryAsOutput(AttentionBackend):
+        name = "query-as-output"
+
+        def forward(self, q, k, v, kv_cache, meta, scale):
+            return q
+    if model == "glm4v":
+        from tests.glm4v_fixtures import make_tiny_glm4v
+        path = make_tiny_glm4v(tmp / "glm4v")
+    else:
+        from tests.tiny_llama import build_tiny_llama
+        path = build_tiny_llama(tmp / "llama")
+    llm = LLM(str(path), device="cpu", max_num_seqs=rows, max_num_batched_tokens=8192,
+              max_model_len=max_model_len, kv_cache_memory_gib=1.0)
+    llm.engine.core.runner.backend = QueryAsOutput()
     return llm.engine
 
 
@@ -111,20 +130,21 @@ def instrument(engine, clock: PhaseClock) -> tuple[Recorder, Recorder]:
 
 
 def run_once(engine, clock: PhaseClock, recorders: tuple[Recorder, Recorder], rows: int,
-             prompt_len: tuple[int, int], max_tokens: int,
-             profiler: cProfile.Profile | None) -> list[dict[str, float]]:
+             prompt_len: tuple[int, int], max_tokens: int, delta: bool,
+             profiler: cProfile.Profile | None = None) -> list[dict[str, float]]:
     """Adds ``rows`` requests, steps them to the end; per-phase seconds of the steps that
     launched ``rows`` decodes and completed ``rows`` tokens."""
     import random
 
     from autoglm_serve import SamplingParams
+    engine.core.kv.reset_prefix_cache()    # each run prefills its prompts: same work each time
     rng = random.Random(0)
-    vocab = engine.vocab_size
+    vocab = min(engine.vocab_size, 128)     # plain words / ASCII bytes in both tokenizers
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     for _ in range(rows):
         ids = [rng.randrange(7, vocab) for _ in range(rng.randint(*prompt_len))]
         engine.add_request(engine.next_request_id(), engine.prepare(ids), params,
-                           final_only=True)
+                           delta=delta, final_only=not delta)
     schedules, core_outputs = recorders
     steps = []
     while engine.has_unfinished():
@@ -156,23 +176,29 @@ def run_once(engine, clock: PhaseClock, recorders: tuple[Recorder, Recorder], ro
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=512)
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--model", choices=["glm4v", "llama"], default="glm4v")
+    ap.add_argument("--prompt-len", type=int, nargs=2, default=[480, 512], metavar=("MIN", "MAX"))
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--delta", action="store_true",
+                    help="an output per request every step (streaming, the benchmark driver), "
+                         "not only at the end (LLM.generate)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cprofile", action="store_true", help="print the top functions too")
     args = ap.parse_args()
 
     import torch
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    from tests.tiny_llama import build_tiny_llama
     with tempfile.TemporaryDirectory() as tmp:
-        engine = build_engine(build_tiny_llama(Path(tmp) / "tiny"), args.rows)
+        engine = build_engine(args.model, Path(tmp), args.rows,
+                              args.prompt_len[1] + args.max_tokens + 16)
     clock = PhaseClock()
     recorders = instrument(engine, clock)
-    run_once(engine, clock, recorders, 8, (16, 32), 4, None)      # warm-up
+    run_once(engine, clock, recorders, 8, (16, 32), 4, args.delta)      # warm-up
     best = None
     for _ in range(args.repeats):
         # profiled apart: cProfile's overhead would inflate the timed runs
-        steps = run_once(engine, clock, recorders, args.rows, (16, 32), args.max_tokens, None)
+        steps = run_once(engine, clock, recorders, args.rows, args.prompt_len, args.max_tokens,
+                         args.delta)
         med = {k: statistics.median(s.get(k, 0.0) for s in steps) for k in steps[0]}
         med["host_mean"] = statistics.fmean(s["host"] for s in steps)
         if best is None or med["host"] < best["host"]:
@@ -183,7 +209,8 @@ def main() -> None:
         print(f"  {k:14s} {best.get(k, 0.0) * 1e3:7.2f}")
     if args.cprofile:
         profiler = cProfile.Profile()
-        run_once(engine, clock, recorders, args.rows, (16, 32), args.max_tokens, profiler)
+        run_once(engine, clock, recorders, args.rows, args.prompt_len, args.max_tokens,
+                 args.delta, profiler)
         pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
 
 
