@@ -38,6 +38,7 @@ class EngineConfig:
     chat_template: str | None = None
     allowed_local_media_path: str | None = None   # file:// images only from inside this folder
     allowed_media_domains: tuple[str, ...] = ()   # http(s) images only from these hosts
+    log_stats_interval_s: float | None = None     # the server's periodic engine log line
 
     def __post_init__(self):
         if self.load_format not in ("auto", "safetensors", "gguf", "dummy"):

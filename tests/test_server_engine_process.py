@@ -1,11 +1,12 @@
 """The engine core in its own process (the default) and on a thread (--no-engine-process): the
 core's pid, a stream that lags the engine still equals the non-streamed answer, a killed core
 turns into 503s and an unhealthy /health, a core that cannot start fails the server's start
-with its reason, and a stopped server leaves no process behind."""
+with its reason, a stopped server leaves no process behind, and the engine logs its pace."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -34,7 +35,8 @@ def server_args(tiny, *extra: str) -> list[str]:
 
 @pytest.fixture(scope="module", params=["process", "thread"])
 def server(request, tiny):
-    extra = [] if request.param == "process" else ["--no-engine-process"]
+    extra = ["--log-stats-interval", "0.2"]
+    extra += [] if request.param == "process" else ["--no-engine-process"]
     for srv in server_fixture(server_args(tiny, *extra)):
         srv.mode = request.param
         yield srv
@@ -59,6 +61,17 @@ def test_where_the_core_runs(server):
             assert int(f.read().rsplit(")", 1)[1].split()[1]) == server.proc.pid
     else:
         assert pid is None and "engine core: a thread of the server process" in server.log()
+
+
+def test_the_engine_logs_its_pace_while_it_works(server):
+    r = httpx.post(server.url("/v1/chat/completions"),
+                   json=chat_body(max_tokens=300, ignore_eos=True), timeout=120)
+    assert r.status_code == 200
+    deadline = time.monotonic() + 10
+    while not (lines := re.findall(r"engine: (\d+) steps .* generation (\d+) tok/s", server.log())):
+        assert time.monotonic() < deadline, server.log()
+        time.sleep(0.2)
+    assert any(int(steps) > 0 and int(rate) > 0 for steps, rate in lines), lines
 
 
 def test_a_lagging_stream_equals_the_non_streamed_answer(server):

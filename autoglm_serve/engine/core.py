@@ -114,13 +114,15 @@ class EngineCore:
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
         if self.device.type == "cuda":
-            from autoglm_serve.kernels import fused_ops, gemv
+            from autoglm_serve.kernels import compile_watch, fused_ops, gemv
+            compile_watch.watch(False)
             fused_ops.self_check(self.device, self.loaded.dtype)
             gemv.self_check(self.device, self.loaded.dtype)   # before capture: it compiles
             self.runner.check_backend()
             if not config.enforce_eager and self.runner.backend.name == "triton":
                 self.runner.capture_cuda_graphs()
             self.warm_up()
+            compile_watch.watch()
 
     def _make_runner(self) -> ModelRunner:
         backend = select_backend(self.config.attention_backend, self.device)

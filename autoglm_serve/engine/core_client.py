@@ -199,7 +199,8 @@ class ThreadCoreClient:
 
     def _run(self, on_outputs: OnOutputs, on_failed: OnFailed) -> None:
         try:
-            run_core_loop(self.core, self._inbox, on_outputs)
+            run_core_loop(self.core, self._inbox, on_outputs,
+                          self.core.config.log_stats_interval_s)
         except BaseException as exc:
             logger.exception("the engine core stopped on an error")
             on_failed(exc)

@@ -3,21 +3,27 @@ take the requests and aborts that arrived, step, hand the outputs on with the co
 from __future__ import annotations
 
 import queue
+import time
 from collections.abc import Callable, Iterator
 
 from autoglm_serve.engine.core import CoreOutput, EngineCore
 from autoglm_serve.engine.core_messages import AbortRequests, AddRequests, Shutdown
 from autoglm_serve.engine.core_stats import CoreStats, core_stats
+from autoglm_serve.engine.stats_logger import StatsLogger
 
 
 def run_core_loop(core: EngineCore, inbox: queue.Queue,
-                  emit: Callable[[list[CoreOutput], CoreStats], None]) -> None:
+                  emit: Callable[[list[CoreOutput], CoreStats], None],
+                  log_stats_interval_s: float | None = None) -> None:
     """Returns on Shutdown; an exception from the core propagates (the caller reports it).
 
     Stats also go out alone when they changed without a step (an abort while idle), so the
-    server's /metrics never shows a finished request as running."""
+    server's /metrics never shows a finished request as running. With log_stats_interval_s,
+    a line on the engine's pace is logged that often while it works."""
     last_stats = None
+    stats_logger = StatsLogger(log_stats_interval_s) if log_stats_interval_s else None
     while True:
+        prompt_tokens_before = core.num_prompt_tokens_total
         for msg in _arrived(inbox, block=not core.has_unfinished()):
             if isinstance(msg, AddRequests):
                 for request in msg.requests:
@@ -28,7 +34,12 @@ def run_core_loop(core: EngineCore, inbox: queue.Queue,
                 return
             else:
                 raise TypeError(f"the engine core got an unknown message: {msg!r}")
-        outputs = core.step() if core.has_unfinished() else []
+        outputs = []
+        if core.has_unfinished():
+            t0 = time.monotonic()
+            outputs = core.step()
+            if stats_logger is not None:
+                stats_logger.step_done(core, time.monotonic() - t0, prompt_tokens_before)
         stats = core_stats(core)
         if outputs or stats != last_stats:
             emit(outputs, stats)

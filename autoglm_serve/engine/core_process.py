@@ -62,7 +62,8 @@ def run_core_process(config: EngineConfig, conn: Connection, log_level: int) -> 
     exit_code = 0
     try:
         run_core_loop(core, _SocketInbox(channel),
-                      lambda outputs, stats: outbox.put(CoreOutputs(outputs, stats)))
+                      lambda outputs, stats: outbox.put(CoreOutputs(outputs, stats)),
+                      config.log_stats_interval_s)
     except (EOFError, OSError):
         os._exit(1)   # the server is gone without a Shutdown: nobody reads what we compute
     except BaseException as exc:

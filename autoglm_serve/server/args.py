@@ -163,7 +163,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     s.add_argument("--disable-uvicorn-access-log", action="store_true",
                    help="accepted for vLLM compatibility (the access log is off by default)")
     s.add_argument("--disable-log-requests", action="store_true", help="accepted (vLLM)")
-    s.add_argument("--disable-log-stats", action="store_true", help="accepted (vLLM)")
+    s.add_argument("--disable-log-stats", action="store_true",
+                   help="no periodic log line on the engine's pace")
+    s.add_argument("--log-stats-interval", type=float, default=5.0,
+                   help="seconds between the engine's log lines while it works")
     s.add_argument("--graceful-shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish after SIGTERM")
     return p
@@ -230,7 +233,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         limit_mm_per_prompt=args.limit_mm_per_prompt,
         chat_template=_read_chat_template(args.chat_template),
         allowed_local_media_path=args.allowed_local_media_path,
-        allowed_media_domains=tuple(args.allowed_media_domains or ()))
+        allowed_media_domains=tuple(args.allowed_media_domains or ()),
+        log_stats_interval_s=None if args.disable_log_stats else args.log_stats_interval)
 
 
 def default_served_name(model: str | None) -> str:

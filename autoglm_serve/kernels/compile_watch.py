@@ -1,0 +1,37 @@
+"""A warning for every Triton kernel compiled once the engine serves.
+
+Start-up compiles every kernel variant that serving should need (self-checks, CUDA-graph capture,
+warm-up). A compile later stalls the whole batch for up to a second or more, and it means a
+kernel argument is specialized on something the traffic changes (an integer's value class, a
+pointer's alignment): the fix is ``do_not_specialize`` or a wider warm-up, and this log says
+which kernel and signature to look at.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import triton
+
+logger = logging.getLogger(__name__)
+
+_started: dict = {}
+
+
+def _before_compile(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
+    _started[str(key)] = time.perf_counter()
+    return False   # True would skip the compile
+
+
+def _after_compile(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
+    t0 = _started.pop(str(key), None)
+    seconds = time.perf_counter() - t0 if t0 is not None else float("nan")
+    logger.warning("Triton kernel %s compiled while serving (%.2f s; a stall for every running "
+                   "request): %s", fn.name, seconds, repr)
+
+
+def watch(on: bool = True) -> None:
+    """From now on, log each compile (an engine's start-up ends with this), or stop (another
+    engine's start-up in the same process begins with ``watch(False)``)."""
+    triton.knobs.runtime.jit_cache_hook = _before_compile if on else None
+    triton.knobs.runtime.jit_post_compile_hook = _after_compile if on else None
