@@ -22,28 +22,32 @@ def run_core_loop(core: EngineCore, inbox: queue.Queue,
     a line on the engine's pace is logged that often while it works."""
     last_stats = None
     stats_logger = StatsLogger(log_stats_interval_s) if log_stats_interval_s else None
-    while True:
-        prompt_tokens_before = core.num_prompt_tokens_total
-        for msg in _arrived(inbox, block=not core.has_unfinished()):
-            if isinstance(msg, AddRequests):
-                for request in msg.requests:
-                    core.add_request(request)
-            elif isinstance(msg, AbortRequests):
-                core.abort(msg.request_ids)
-            elif isinstance(msg, Shutdown):
-                return
-            else:
-                raise TypeError(f"the engine core got an unknown message: {msg!r}")
-        outputs = []
-        if core.has_unfinished():
-            t0 = time.monotonic()
-            outputs = core.step()
-            if stats_logger is not None:
-                stats_logger.step_done(core, time.monotonic() - t0, prompt_tokens_before)
-        stats = core_stats(core)
-        if outputs or stats != last_stats:
-            emit(outputs, stats)
-            last_stats = stats
+    try:
+        while True:
+            prompt_tokens_before = core.num_prompt_tokens_total
+            for msg in _arrived(inbox, block=not core.has_unfinished()):
+                if isinstance(msg, AddRequests):
+                    for request in msg.requests:
+                        core.add_request(request)
+                elif isinstance(msg, AbortRequests):
+                    core.abort(msg.request_ids)
+                elif isinstance(msg, Shutdown):
+                    return
+                else:
+                    raise TypeError(f"the engine core got an unknown message: {msg!r}")
+            outputs = []
+            if core.has_unfinished():
+                t0 = time.monotonic()
+                outputs = core.step()
+                if stats_logger is not None:
+                    stats_logger.step_done(core, time.monotonic() - t0, prompt_tokens_before)
+            stats = core_stats(core)
+            if outputs or stats != last_stats:
+                emit(outputs, stats)
+                last_stats = stats
+    finally:
+        if stats_logger is not None:
+            stats_logger.close()
 
 
 def _arrived(inbox: queue.Queue, block: bool) -> Iterator:
