@@ -67,17 +67,12 @@ class InFlightStep:
 def _needs_fresh_outputs(req: Request) -> bool:
     """Rows whose sampling reads their previous tokens (penalties, min_tokens) or whose
     logprobs are copied synchronously: the step after them waits for their tokens."""
-    p = req.sampling_params
-    return (p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0
-            or p.presence_penalty != 0.0 or p.logprobs is not None
-            or req.num_output_tokens + req.num_inflight < p.min_tokens)
+    return (req.reads_outputs or len(req.output_token_ids) + req.num_inflight
+            < req.sampling_params.min_tokens)
 
 
 def _plain_greedy(req: Request) -> bool:
-    p = req.sampling_params
-    return (p.greedy and p.logprobs is None and p.repetition_penalty == 1.0
-            and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0
-            and req.num_output_tokens >= p.min_tokens)
+    return req.argmax_only and len(req.output_token_ids) >= req.sampling_params.min_tokens
 
 
 class ModelRunner:
