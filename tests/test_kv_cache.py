@@ -147,3 +147,40 @@ def test_prefix_caching_off_never_registers_or_finds():
     compute(kv, make_request("a", list(range(9))))
     assert kv.cached == {}
     assert kv.find_cached_prefix(make_request("b", list(range(9)))) == []
+
+
+def test_block_table_rows_follow_block_ids_and_grow():
+    """The runner's block tables: a request's row holds its block ids, zero-padded, through
+    allocations (cached prefix blocks included), the array's growth and frees."""
+    kv = KVCacheManager(num_blocks=1000, block_size=BS)
+
+    def row(req):
+        table = kv.block_table
+        return table.array[req.block_row, :table.lengths[req.block_row]].tolist()
+
+    a = make_request("a", list(range(9)))
+    compute(kv, a)
+    b = make_request("b", list(range(8)) + [50])
+    cached = kv.find_cached_prefix(b)
+    assert kv.allocate(b, 1, cached)
+    assert row(a) == a.block_ids and row(b) == b.block_ids and b.block_ids[:2] == cached
+    # more requests than rows and more blocks than columns: the array grows
+    many = [make_request(f"m{i}", [1000 + i] * 40) for i in range(80)]
+    for r in many:
+        assert kv.allocate(r, 20)
+        r.num_computed_tokens = 20
+        assert kv.allocate(r, 20)                  # 10 blocks, in two allocations
+    for r in many[::7]:
+        r.num_computed_tokens = 40
+        assert kv.allocate(r, 30)                  # 18 blocks
+    assert all(row(r) == r.block_ids for r in [a, b] + many)
+    assert len({r.block_row for r in [a, b] + many}) == 82
+    rows = [a.block_row, many[7].block_row]
+    tables = kv.block_table.tables(rows)
+    assert tables.shape == (2, 18) and tables[0].tolist() == a.block_ids + [0] * 15
+    # a freed row is zeroed and handed out again
+    freed = a.block_row
+    kv.free(a)
+    assert a.block_row == -1 and not kv.block_table.array[freed].any()
+    c = make_request("c", list(range(300, 305)))
+    assert kv.allocate(c, 5) and c.block_row == freed and row(c) == c.block_ids

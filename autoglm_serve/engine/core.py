@@ -107,6 +107,7 @@ class EngineCore:
         self.runner.allocate_kv_cache(self.cache.num_blocks)
         self.kv = KVCacheManager(self.cache.num_blocks, config.block_size,
                                  config.enable_prefix_caching)
+        self.runner.block_table = self.kv.block_table
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill, self.max_model_len)
         self._inflight: InFlightStep | None = None

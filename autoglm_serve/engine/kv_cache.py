@@ -4,13 +4,59 @@ Only ids live here; the tensors are the runner's. A full block is identified by 
 over the hashes of the blocks before it, its token ids, and the images it covers, so a block is
 reused only when the whole prefix up to it is identical. Blocks whose reference count drops to
 zero stay cached in an LRU free queue and are evicted (their hash forgotten) only when a new
-block is needed.
+block is needed. The requests' block ids are also kept as rows of one array, the runner's
+block tables.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 
+import numpy as np
+
 from autoglm_serve.engine.request import Request
+
+
+class BlockTable:
+    """The block ids of every request holding blocks, a row each of one int32 array, written
+    as blocks are allocated: a step's block tables are then one fancy index over its requests'
+    rows, not a list-to-array copy per request (~1 ms a step at 512 requests of 48 blocks).
+    Grows as needed; a released row is zeroed, so tables are zero-padded."""
+
+    def __init__(self, rows: int = 64, cols: int = 16):
+        self.array = np.zeros((rows, cols), np.int32)
+        self.lengths = np.zeros(rows, np.int64)
+        self._free_rows = list(range(rows - 1, -1, -1))    # lowest first
+
+    def add_row(self) -> int:
+        if not self._free_rows:
+            rows = len(self.array)
+            self._grow(2 * rows, self.array.shape[1])
+            self._free_rows = list(range(2 * rows - 1, rows - 1, -1))
+        return self._free_rows.pop()
+
+    def extend(self, row: int, blocks: list[int]) -> None:
+        start = int(self.lengths[row])
+        end = start + len(blocks)
+        if end > self.array.shape[1]:
+            self._grow(len(self.array), max(end, 2 * self.array.shape[1]))
+        self.array[row, start:end] = blocks
+        self.lengths[row] = end
+
+    def release(self, row: int) -> None:
+        self.array[row, :self.lengths[row]] = 0
+        self.lengths[row] = 0
+        self._free_rows.append(row)
+
+    def tables(self, rows: np.ndarray) -> np.ndarray:
+        """The block tables of these rows, as wide as the longest."""
+        return self.array[rows, :self.lengths[rows].max()]
+
+    def _grow(self, rows: int, cols: int) -> None:
+        array = np.zeros((rows, cols), np.int32)
+        array[:len(self.array), :self.array.shape[1]] = self.array
+        lengths = np.zeros(rows, np.int64)
+        lengths[:len(self.lengths)] = self.lengths
+        self.array, self.lengths = array, lengths
 
 
 class KVCacheManager:
@@ -22,6 +68,7 @@ class KVCacheManager:
         self.block_hash: list[int | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}                    # block hash -> block id
         self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self.block_table = BlockTable()
         self.prefix_queries = 0   # tokens looked up in the prefix cache
         self.prefix_hits = 0      # of which found
 
@@ -85,12 +132,16 @@ class KVCacheManager:
             if self.ref_counts[b] == 0:
                 del self.free_queue[b]
             self.ref_counts[b] += 1
+        had = len(request.block_ids)
         request.block_ids.extend(cached_blocks)
         for _ in range(max(0, need)):
             b, _ = self.free_queue.popitem(last=False)   # least recently freed first
             self._evict(b)
             self.ref_counts[b] = 1
             request.block_ids.append(b)
+        if request.block_row < 0:
+            request.block_row = self.block_table.add_row()
+        self.block_table.extend(request.block_row, request.block_ids[had:])
         return True
 
     def _evict(self, block: int) -> None:
@@ -126,6 +177,9 @@ class KVCacheManager:
                 self.free_queue[b] = None
         request.block_ids = []
         request.num_registered_blocks = 0
+        if request.block_row >= 0:
+            self.block_table.release(request.block_row)
+            request.block_row = -1
 
     def reset_prefix_cache(self) -> None:
         for b in range(self.num_blocks):

@@ -65,6 +65,7 @@ class Request:
     num_computed_tokens: int = 0
     num_inflight: int = 0                # sampled on the GPU, not yet known here (0 or 1)
     block_ids: list[int] = field(default_factory=list)
+    block_row: int = -1                  # its row of the KV manager's block table (-1: none)
     block_hashes: list[int] = field(default_factory=list)
     num_registered_blocks: int = 0       # leading blocks already offered to the prefix cache
     num_cached_tokens: int = -1          # prefix-cache hit at first scheduling (-1: not yet)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from autoglm_serve.engine.host_transfer import to_device
+from autoglm_serve.engine.kv_cache import BlockTable
 from autoglm_serve.engine.request import Request
 from autoglm_serve.engine.sampler import Sampler, SamplerOutput, SamplingBatch, SamplingRow
 from autoglm_serve.engine.scheduler import ScheduledRequest
@@ -35,10 +36,11 @@ class HostBatch:
     block_tables: torch.Tensor
     num_decodes: int
     max_query_len: int
-    logits_rows: list[int]       # rows whose chunk ends the known tokens: they sample
+    sampling: list[Request]      # requests whose chunk ends the known tokens: they sample...
+    logits_index: np.ndarray     # ...from the hidden states of these flat token slots
     has_images: bool             # some chunk may cover image placeholders
-    feed_at: list[int]           # flat token slots whose id is still on the GPU (in flight)...
-    feed_from: list[int]         # ...and where it sits in the previous step's sampled tokens
+    feed_at: np.ndarray          # flat token slots whose id is still on the GPU (in flight)...
+    feed_from: np.ndarray        # ...and where it sits in the previous step's sampled tokens
 
 
 @dataclass
@@ -99,6 +101,7 @@ class ModelRunner:
         self.logits_hook: Callable[[list[Request], torch.Tensor], None] | None = None
         self.encoder_cache = EncoderCache() if hasattr(model, "embed_images") else None
         self.graphs = None      # DecodeGraphs once captured (CUDA, triton backend)
+        self.block_table: BlockTable | None = None      # the KV manager's, set by the core
         self._prev_tokens: torch.Tensor | None = None   # the last launched step's samples
         self._prev_rows: dict[str, int] = {}
 
@@ -139,54 +142,72 @@ class ModelRunner:
         return to_device(data, dtype, self.device)
 
     def prepare_host(self, scheduled: list[ScheduledRequest]) -> HostBatch:
-        """The step's flat inputs on the host, decodes first (the attention contract)."""
-        batch = sorted(scheduled, key=lambda s: s.num_new_tokens != 1)
-        n_seqs = len(batch)
-        query_lens = np.fromiter((s.num_new_tokens for s in batch), np.int64, n_seqs)
-        query_start = np.zeros(n_seqs + 1, np.int64)
+        """The step's flat inputs on the host, decodes first (the attention contract). Decode
+        rows, hundreds a step, are filled by whole-array numpy ops; prefill chunks one by one."""
+        n = len(scheduled)
+        query_lens = np.fromiter((s.num_new_tokens for s in scheduled), np.int64, n)
+        chunk = query_lens != 1
+        if (chunk[:-1] > chunk[1:]).any():      # a decode after a chunk: decodes first, stably
+            order = np.argsort(chunk, kind="stable")
+            scheduled = [scheduled[i] for i in order]
+            query_lens, chunk = query_lens[order], chunk[order]
+        nd = n - int(chunk.sum())
+        reqs = [s.request for s in scheduled]
+        starts_list = [r.num_computed_tokens for r in reqs]
+        starts = np.array(starts_list, np.int64)
+        ends = starts + query_lens
+        num_known = np.fromiter((len(r.all_token_ids) for r in reqs), np.int64, n)
+        query_start = np.zeros(n + 1, np.int64)
         np.cumsum(query_lens, out=query_start[1:])
         num_tokens = int(query_start[-1])
-        input_ids = np.empty(num_tokens, np.int64)
+        tables = self.block_table.tables(np.fromiter((r.block_row for r in reqs), np.intp, n))
+        input_ids = np.zeros(num_tokens, np.int64)
         slots = np.empty(num_tokens, np.int64)
-        seq_lens = np.empty(n_seqs, np.int32)
-        max_blocks = max(len(s.request.block_ids) for s in batch)
-        tables = np.zeros((n_seqs, max_blocks), np.int32)
         positions = np.empty((3, num_tokens) if self.uses_mrope else num_tokens, np.int64)
         bs = self.block_size
-        logits_rows = []
-        has_images = False
-        feed_at, feed_from = [], []
-        for i, s in enumerate(batch):
-            req, n = s.request, s.num_new_tokens
-            start, end = req.num_computed_tokens, req.num_computed_tokens + n
-            q0 = query_start[i]
-            blocks = req.block_ids
-            tables[i, :len(blocks)] = blocks
-            if n == 1:
-                if start < len(req.all_token_ids):
-                    input_ids[q0] = req.all_token_ids[start]
-                else:   # sampled by the step still in flight: fed on the GPU
-                    input_ids[q0] = 0
-                    feed_at.append(int(q0))
-                    feed_from.append(self._prev_rows[req.request_id])
-                slots[q0] = blocks[start // bs] * bs + start % bs
-            else:
-                input_ids[q0:q0 + n] = req.all_token_ids[start:end]
-                pos = np.arange(start, end)
-                slots[q0:q0 + n] = tables[i, pos // bs].astype(np.int64) * bs + pos % bs
+
+        # decodes: row i is flat token i
+        pos = starts[:nd]
+        slots[:nd] = tables[np.arange(nd), pos // bs].astype(np.int64) * bs + pos % bs
+        fed = pos >= num_known[:nd]     # sampled by the step still in flight: fed on the GPU
+        feed_at = np.flatnonzero(fed)
+        feed_from = np.fromiter((self._prev_rows[reqs[i].request_id] for i in feed_at.tolist()),
+                                np.int64, len(feed_at))
+        known = np.flatnonzero(~fed).tolist()
+        input_ids[known] = [reqs[i].all_token_ids[starts_list[i]] for i in known]
+        if self.uses_mrope:
+            # past the prompt, all three M-RoPE positions are the text position plus the delta
+            deltas = np.fromiter((r.mrope_delta for r in reqs[:nd]), np.int64, nd)
+            positions[:, :nd] = pos + deltas
+            in_prompt = pos < np.fromiter((len(r.prompt_token_ids) for r in reqs[:nd]),
+                                          np.int64, nd)
+            for i in np.flatnonzero(in_prompt).tolist():   # a one-token chunk of a prompt
+                self._fill_mrope_positions(positions, i, reqs[i], starts_list[i],
+                                           starts_list[i] + 1)
+        else:
+            positions[:nd] = pos
+
+        for i in range(nd, n):      # prefill chunks
+            req, start, end = reqs[i], starts_list[i], int(ends[i])
+            q0, q1 = int(query_start[i]), int(query_start[i + 1])
+            input_ids[q0:q1] = req.all_token_ids[start:end]
+            chunk_pos = np.arange(start, end)
+            slots[q0:q1] = tables[i, chunk_pos // bs].astype(np.int64) * bs + chunk_pos % bs
             if self.uses_mrope:
                 self._fill_mrope_positions(positions, q0, req, start, end)
             else:
-                positions[q0:q0 + n] = np.arange(start, end)
-            seq_lens[i] = end
-            has_images = has_images or (bool(req.mm_items) and start < req.num_prompt_tokens)
-            if s.samples:
-                logits_rows.append(i)
-        num_decodes = int((query_lens == 1).sum())
-        return HostBatch(batch, torch.from_numpy(input_ids), torch.from_numpy(positions),
+                positions[q0:q1] = chunk_pos
+
+        has_images = any(r.mm_items and start < len(r.prompt_token_ids)
+                         for r, start in zip(reqs, starts_list))
+        samples = ends == num_known + np.fromiter((r.num_inflight for r in reqs), np.int64, n)
+        logits_rows = np.flatnonzero(samples)
+        sampling = reqs if len(logits_rows) == n else [reqs[i] for i in logits_rows.tolist()]
+        return HostBatch(scheduled, torch.from_numpy(input_ids), torch.from_numpy(positions),
                          torch.from_numpy(slots), torch.from_numpy(query_start.astype(np.int32)),
-                         torch.from_numpy(seq_lens), torch.from_numpy(tables), num_decodes,
-                         int(query_lens.max()), logits_rows, has_images, feed_at, feed_from)
+                         torch.from_numpy(ends.astype(np.int32)), torch.from_numpy(tables), nd,
+                         int(query_lens.max()), sampling, query_start[1:][logits_rows] - 1,
+                         has_images, feed_at, feed_from)
 
     def device_inputs(self, hb: HostBatch):
         meta = AttentionMetadata(
@@ -199,7 +220,7 @@ class ModelRunner:
             query_start_loc_cpu=hb.query_start, seq_lens_cpu=hb.seq_lens)
         ids = self._to_device(hb.input_ids, torch.int64)
         pos = self._to_device(hb.positions, torch.int64)
-        logits_index = self._to_device(hb.query_start[1:][hb.logits_rows].long() - 1, torch.int64)
+        logits_index = self._to_device(hb.logits_index, torch.int64)
         return ids, pos, meta, logits_index
 
     # ---- step -----------------------------------------------------------------------------
@@ -234,9 +255,9 @@ class ModelRunner:
             return self.graphs.replay(n)
         ids, pos, meta, logits_index = self.device_inputs(hb)
         self._feed(ids, hb)
-        inputs_embeds = self.multimodal_embeddings(hb.batch, ids)
+        inputs_embeds = self.multimodal_embeddings(hb.batch, ids) if hb.has_images else None
         hidden = self.model(ids, pos, meta, inputs_embeds=inputs_embeds)
-        if not hb.logits_rows:
+        if not hb.sampling:
             return None
         return self.model.compute_logits(hidden[logits_index])
 
@@ -248,7 +269,7 @@ class ModelRunner:
 
     def _feed(self, ids: torch.Tensor, hb: HostBatch) -> None:
         """Input ids sampled by the previous (in-flight) step, copied device to device."""
-        if hb.feed_at:
+        if len(hb.feed_at):
             at = self._to_device(hb.feed_at, torch.int64)
             src = self._to_device(hb.feed_from, torch.int64)
             ids.index_copy_(0, at, self._prev_tokens.index_select(0, src))
@@ -261,7 +282,7 @@ class ModelRunner:
         logits = self._logits(hb)
         if logits is None:
             return InFlightStep([], None, None, None, False)
-        sampling = [hb.batch[i].request for i in hb.logits_rows]
+        sampling = hb.sampling
         if self.logits_hook is not None:
             self.logits_hook(sampling, logits)
         out = None
