@@ -45,7 +45,10 @@ class MultiModalItem:
             self.layout = None
 
 
-@dataclass
+# eq=False: requests are equal only to themselves. The scheduler's list removals compare them,
+# and a generated __eq__ built two tuples of every field per comparison (77 ms to remove 512
+# finished requests from a running list of 512).
+@dataclass(eq=False)
 class Request:
     request_id: str
     prompt_token_ids: list[int]
