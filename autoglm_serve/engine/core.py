@@ -33,7 +33,7 @@ class TokenLogprobs:
     top: list[tuple[int, float]]   # (token id, logprob), most likely first
 
 
-@dataclass
+@dataclass(slots=True)
 class CoreOutput:
     request_id: str
     new_token_ids: list[int]
@@ -245,31 +245,27 @@ class EngineCore:
                 continue      # stopped or aborted while this step was in flight: discard
             req.land_token(token)
             self.kv.cache_computed_blocks(req)
-            self.num_generation_tokens_total += 1
             finish, stop_token = self._check_stop(req, token)
             if finish is not None:
                 # safe while a later step still writes this request's KV: the blocks' next
                 # owner is scheduled after it, and device work runs in launch order
                 self.scheduler.finish(req, finish)
                 self.requests.pop(req.request_id, None)
-            first = req.num_output_tokens == 1
+            first = len(req.output_token_ids) == 1
             outputs.append(CoreOutput(req.request_id, [token],
                                       [logprobs[i]] if logprobs is not None else None,
-                                      finish.value if finish else None, stop_token,
+                                      finish.value if finish is not None else None, stop_token,
                                       req.num_cached_tokens if first else None,
                                       req.first_scheduled_time if first else None,
                                       req.num_preemptions))
+        self.num_generation_tokens_total += len(outputs)
         return outputs
 
     def _check_stop(self, req: Request, token: int):
-        params = req.sampling_params
-        n = req.num_output_tokens
-        if n >= params.min_tokens:
-            if not params.ignore_eos and token in req.eos_token_ids:
-                return RequestStatus.FINISHED_STOPPED, token
-            if token in params.stop_token_ids:
-                return RequestStatus.FINISHED_STOPPED, token
-        if n >= req.max_tokens or req.num_tokens >= self.max_model_len:
+        n = len(req.output_token_ids)
+        if n >= req.sampling_params.min_tokens and token in req.stop_ids:
+            return RequestStatus.FINISHED_STOPPED, token
+        if n >= req.max_tokens or len(req.all_token_ids) >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH, None
         return None, None
 

@@ -155,8 +155,10 @@ class KVCacheManager:
         """Registers the request's full, computed blocks in the prefix cache."""
         if not self.enable_prefix_caching:
             return
-        # only tokens whose ids are known (an in-flight one is computed but not yet known)
-        known = min(request.num_computed_tokens, request.num_tokens)
+        # only tokens whose ids are known (an in-flight one is computed but not yet known);
+        # called twice per row per step, so no min() call (~80 ns)
+        computed, num_ids = request.num_computed_tokens, len(request.all_token_ids)
+        known = computed if computed < num_ids else num_ids
         n = known // self.block_size
         if n <= request.num_registered_blocks:
             return               # most decode steps: no block filled up since the last call
