@@ -23,11 +23,25 @@ def _before_compile(*, key, repr, fn, compile, is_manual_warmup, already_compile
     return False   # True would skip the compile
 
 
+def _specialization(fn, compile) -> str:
+    """The values a variant is compiled for: constexprs (and integers specialized to
+    constants), and the arguments assumed divisible by 16 (pointers: 16-byte aligned)."""
+    names = fn.jit_function.arg_names
+    parts = [f"{names[path[0]]}={value}" for path, value in compile["constants"].items()]
+    for path, attrs in (compile["configs"] or [{}])[0].items():
+        parts += [f"{names[path[0]]}:{name.removeprefix('tt.')}={value}" for name, value in attrs]
+    return ", ".join(parts)
+
+
 def _after_compile(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
     t0 = _started.pop(str(key), None)
     seconds = time.perf_counter() - t0 if t0 is not None else float("nan")
+    try:
+        what = _specialization(fn, compile)
+    except Exception:   # a Triton version with other hook fields: never fail the launch
+        what = repr
     logger.warning("Triton kernel %s compiled while serving (%.2f s; a stall for every running "
-                   "request): %s", fn.name, seconds, repr)
+                   "request) for %s", fn.name, seconds, what)
 
 
 def watch(on: bool = True) -> None:

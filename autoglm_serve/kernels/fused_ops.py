@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from autoglm_serve.kernels import pdl
-from autoglm_serve.kernels.pdl import launch_next_grid, wait_for_previous_grid
+from autoglm_serve.kernels.pdl import wait_for_previous_grid
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,6 @@ def _weighted_rms_norm(x, w_ptr, cols, mask, n_cols, eps):
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, first_w_ptr, n_cols, eps,
                      first_eps, HAS_RESIDUAL: tl.constexpr, NORM_X_FIRST: tl.constexpr,
                      BLOCK: tl.constexpr, PDL: tl.constexpr):
-    launch_next_grid(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -93,7 +92,6 @@ def rms_norm_pair(x: torch.Tensor, residual: torch.Tensor, first_weight: torch.T
 
 @triton.jit
 def _silu_mul_kernel(x_ptr, out_ptr, d, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    launch_next_grid(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d

@@ -23,9 +23,10 @@ a program loads rows n and I + n together, so the [M, 2I] projection is never wr
 points match the PyTorch path (gate and up rounded to the activation dtype, silu in fp32 then
 rounded, product in fp32 then rounded).
 
-With programmatic dependent launch (kernels/pdl.py) the programs start while the kernel before
-them finishes and prefetch the first PREFETCH_BYTES of their weights into L2 in the meantime, so
-the weight stream runs on across the kernel boundary.
+Launched with programmatic dependent launch (kernels/pdl.py) on Hopper: the launch is prepared
+while the kernel before it runs. (Prefetching each program's first weight lines into L2 before
+its wait was measured too, and lost: 185 against 189.5 tok/s at batch 1, both with dependents
+signalled early.)
 
 Launch parameters depend only on (M, N, K, dtype) so CUDA graphs can capture the launches;
 ``select_config`` reads ``TUNED`` (filled from ``bench/gpu/gemv_bench.py`` on the H200) and falls
@@ -43,7 +44,7 @@ import triton
 import triton.language as tl
 
 from autoglm_serve.kernels import pdl
-from autoglm_serve.kernels.pdl import launch_next_grid, wait_for_previous_grid
+from autoglm_serve.kernels.pdl import wait_for_previous_grid
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +52,6 @@ ENABLED = True
 MAX_ROWS = 8          # the decode CUDA graphs' batch sizes 1, 2, 4, 8; beyond, cuBLAS
 DOT_MIN_ROWS = 8      # x^T tile width for tl.dot (tensor cores pad smaller tiles anyway)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# With PDL, each program prefetches up to this many bytes of its weights into L2 before waiting
-# for the previous kernel (0: no prefetch). Kept well under L2 for all resident programs.
-PREFETCH_BYTES = 32 * 1024
 
 
 class GemvConfig(NamedTuple):
@@ -139,22 +137,14 @@ def _write_output(y_ptr, bias_ptr, out, out_up, rows, y_offs, y_mask,
 
 
 @triton.jit
-def _prefetch_l2(ptrs):
-    """Starts fetching the 128-byte lines at ptrs into L2; nothing waits for them."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
-@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr, M, N, K,
                  HAS_BIAS: tl.constexpr, GATED: tl.constexpr, USE_DOT: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr,
-                 PREFETCH_LINES: tl.constexpr, LINE: tl.constexpr, PDL: tl.constexpr):
+                 PDL: tl.constexpr):
     """y[m, n] = sum_k x[m, k] w[n, k]. Program (i, s) owns features [i, i + 1) * BLOCK_N and
     the s-th of SPLIT_K runs of K chunks. GATED: w has 2N rows and
     y = silu(x @ w[:N]^T) * (x @ w[N:]^T)."""
-    launch_next_grid(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -170,13 +160,6 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr, M, N, K,
     chunks_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
     k_start = pid_k * chunks_per_split * BLOCK_K
     k_end = tl.minimum(k_start + chunks_per_split * BLOCK_K, K)
-    if PREFETCH_LINES > 0:
-        # The weights are no kernel's output: their first lines stream into L2 while the kernel
-        # before this one finishes (PDL), instead of after it.
-        k_lines = tl.minimum(k_start + tl.arange(0, PREFETCH_LINES) * LINE, k_end - 1)
-        _prefetch_l2(w_ptr + rows[:, None] * K + k_lines[None, :])
-        if GATED:
-            _prefetch_l2(w_ptr + (rows + N)[:, None] * K + k_lines[None, :])
     wait_for_previous_grid(PDL)
     if USE_DOT:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -275,17 +258,6 @@ def supports(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
     return key not in TUNED or TUNED[key] is not None
 
 
-def _prefetch_lines(cfg: GemvConfig, k: int, line: int, gated: bool) -> int:
-    """128-byte lines of each weight row a program prefetches: its whole run of K if that fits
-    PREFETCH_BYTES, else the power of two that does (0 when not even one line a row fits)."""
-    rows = cfg.block_n * (2 if gated else 1)
-    per_row = triton.cdiv(triton.cdiv(k, cfg.split_k), line)
-    budget = PREFETCH_BYTES // (rows * 128)
-    if budget < 1:
-        return 0
-    return min(triton.next_power_of_2(per_row), 1 << (budget.bit_length() - 1))
-
-
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, n: int,
             gated: bool, config: GemvConfig | None) -> torch.Tensor:
     k = weight.shape[1]
@@ -300,16 +272,13 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, n:
         partials, counts = _workspace(x.device, n, tiles, cfg.split_k, gated)
     else:
         partials, counts = y, y   # unused
-    launch = pdl.launch_options(x.device)
-    line = 128 // x.element_size()
     _gemv_kernel[(tiles, cfg.split_k)](
         x2, weight, bias if bias is not None else weight, y, partials, counts, m, n, k,
         HAS_BIAS=bias is not None, GATED=gated, USE_DOT=cfg.dot,
         BLOCK_M=max(DOT_MIN_ROWS, triton.next_power_of_2(m)) if cfg.dot else 1,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-        EVEN_K=k % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
-        PREFETCH_LINES=_prefetch_lines(cfg, k, line, gated) if launch["PDL"] else 0, LINE=line,
-        num_warps=cfg.num_warps, **launch)
+        EVEN_K=k % cfg.block_k == 0, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+        **pdl.launch_options(x.device))
     return y.view(*x.shape[:-1], n)
 
 

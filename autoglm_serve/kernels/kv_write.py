@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from autoglm_serve.kernels import pdl
-from autoglm_serve.kernels.pdl import launch_next_grid, wait_for_previous_grid
+from autoglm_serve.kernels.pdl import wait_for_previous_grid
 
 
 @triton.jit
@@ -53,7 +53,6 @@ def _write_kv_kernel(q_ptr, k_ptr, v_ptr, cache_ptr, slot_ptr, cos_ptr, sin_ptr,
                      INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HKV: tl.constexpr,
                      BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, BLOCK_D: tl.constexpr,
                      PDL: tl.constexpr):
-    launch_next_grid(PDL)
     wait_for_previous_grid(PDL)
     t = tl.program_id(0).to(tl.int64)
     hk = tl.arange(0, BLOCK_HKV)[:, None]

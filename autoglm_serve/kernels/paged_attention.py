@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from autoglm_serve.kernels import pdl
-from autoglm_serve.kernels.pdl import launch_next_grid, wait_for_previous_grid
+from autoglm_serve.kernels.pdl import wait_for_previous_grid
 
 LOG2E = 1.4426950408889634
 
@@ -176,7 +176,10 @@ def _merge_partitions(part_out_ptr, part_lse_ptr, rows, num_parts, stride_pp, ro
     return acc / tl.where(row_mask, weight_sum, 1.0)[:, None]
 
 
-@triton.jit
+# The block table of an eager step is as wide as its longest sequence: its row stride changes
+# from step to step, and a specialization on it (1, a multiple of 16, other) would compile the
+# kernel again (~1 s, all running requests stalled) the first time a serving step meets a class.
+@triton.jit(do_not_specialize=["stride_bt"])
 def _decode_kernel(out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, q_ptr, cache_ptr,
                    block_tables_ptr, seq_lens_ptr, scale_log2,
                    stride_qt, stride_qh, stride_ot, stride_oh,
@@ -186,7 +189,6 @@ def _decode_kernel(out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, q_ptr, cac
                    BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
                    NUM_PARTS: tl.constexpr, MIN_CHUNK: tl.constexpr, MERGE_RATIO: tl.constexpr,
                    MERGE_TILE: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
-    launch_next_grid(PDL)
     wait_for_previous_grid(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -291,10 +293,10 @@ def decode_attention(out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor,
 # Prefill: varlen causal attention through the block table
 # ----------------------------------------------------------------------------------------------
 
-# seq_offset (the step's decode count) and num_q_tiles change every step: left unspecialized,
-# or each new value class (1, a multiple of 16, other) would compile the kernel again (~1 s)
-# in the middle of serving.
-@triton.jit(do_not_specialize=["seq_offset", "num_q_tiles"])
+# seq_offset (the step's decode count), num_q_tiles and the block table's row stride change
+# every step: left unspecialized, or each new value class (1, a multiple of 16, other) would
+# compile the kernel again (~1 s) in the middle of serving.
+@triton.jit(do_not_specialize=["seq_offset", "num_q_tiles", "stride_bt"])
 def _prefill_kernel(out_ptr, q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr,
                     query_start_loc_ptr, scale_log2, seq_offset, num_q_tiles,
                     stride_qt, stride_qh, stride_ot, stride_oh,

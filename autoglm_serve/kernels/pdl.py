@@ -1,17 +1,18 @@
 """Programmatic dependent launch (PDL) for the decode-path kernels, on Hopper and newer.
 
-A decode step at batch 1 is ~330 small kernels back to back. Normally each one starts only once
-the one before it has fully drained, so every boundary costs the launch and ramp-up of the next
-grid with the GPU half idle. A kernel launched with PDL may be scheduled while its predecessor's
-last programs still run; it then waits in ``griddepcontrol.wait`` until that predecessor has
-finished and its writes are visible, and only then touches what the predecessor wrote.
+A decode step at batch 1 is ~330 small kernels back to back, and normally each one is launched
+only once the one before it has fully drained. Launched with PDL, a kernel's launch is prepared
+while its predecessor runs, and its programs start as soon as the predecessor's last program
+exits; each then waits in ``griddepcontrol.wait`` until the predecessor's writes are visible.
 
-The contract for a kernel with a ``PDL`` constexpr: call ``launch_next_grid(PDL)`` first, then
-``wait_for_previous_grid(PDL)`` before any load of data another kernel writes and before any
-store; only reads of data no kernel writes (weights) may come between the two. Launching the next
-grid early is safe: its own wait still waits for this grid's completion, and a grid counts as
-launched-from only once all its programs are resident, so waiting programs never hold back one
-that has not started.
+The contract for a kernel with a ``PDL`` constexpr: call ``wait_for_previous_grid(PDL)`` before
+any load of data another kernel writes and before any store. Ordering stays transitive: the next
+kernel waits for this one, which waited for its own predecessor.
+
+None of our kernels signals its dependents early (``griddepcontrol.launch_dependents``): on the
+H200, dependents that start early and wait hold SM slots that the running kernel's tail could use;
+signalling first thing took a batch-1 step from 187.5 to 179 tok/s and batch 8 from 1,424 to
+1,083 tok/s, where the implicit signal at exit gives 194 and 1,469 (BENCHMARKS.md).
 
 ``launch_options(device)`` gives the kernel's flag and the launch keyword; off on CPU, under the
 Triton interpreter, before Hopper, and with ``AUTOGLM_PDL=0``.
@@ -24,7 +25,7 @@ from functools import lru_cache
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_wait
 
 
 @lru_cache(maxsize=None)
@@ -43,14 +44,7 @@ def enabled(device: torch.device) -> bool:
 def launch_options(device: torch.device) -> dict:
     """Keyword arguments for a launch of a kernel with a ``PDL`` constexpr."""
     on = enabled(device)
-    return {"PDL": on, "launch_pdl": True} if on else {"PDL": False}
-
-
-@triton.jit
-def launch_next_grid(PDL: tl.constexpr):
-    """Lets the next kernel be scheduled into the SMs this grid's last programs leave free."""
-    if PDL:
-        gdc_launch_dependents()
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
 
 
 @triton.jit
