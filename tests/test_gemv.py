@@ -200,3 +200,37 @@ def test_split_k_in_a_cuda_graph(config):
     x.copy_(rand(m, 4096, dtype=torch.bfloat16))
     graph.replay()
     assert rel(out, F.linear(x, w)) < 1e-2
+
+
+@pytest.mark.gpu
+def test_pdl_chain_in_a_cuda_graph_sees_each_predecessors_writes():
+    """On Hopper every kernel of this chain starts before its predecessor has drained (PDL) and
+    must still read that predecessor's output, graph replay after replay."""
+    from autoglm_serve.kernels import fused_ops, pdl
+    device = torch.device("cuda")
+    assert pdl.enabled(device) == (torch.cuda.get_device_capability() >= (9, 0))
+    gate_up = rand(2 * 13696, 4096, dtype=torch.bfloat16) * 4096 ** -0.5
+    down = rand(4096, 13696, dtype=torch.bfloat16) * 13696 ** -0.5
+    qkv = rand(4608, 4096, dtype=torch.bfloat16) * 4096 ** -0.5
+    norm_weight = torch.rand(4096, dtype=torch.bfloat16, device=DEVICE) + 0.5
+    x = rand(1, 4096, dtype=torch.bfloat16)
+
+    def chain():
+        h = gemv.gemv(gemv.gated_gemv(x, gate_up), down)
+        normed, _ = fused_ops.rms_norm(h, norm_weight, 1e-5, residual=x)
+        return gemv.gemv(normed, qkv)
+
+    def reference():
+        h = F.linear(two_step(x, gate_up), down)
+        s = (h.float() + x.float()).to(torch.bfloat16).float()
+        normed = (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5)).to(torch.bfloat16)
+        return F.linear((norm_weight.float() * normed.float()).to(torch.bfloat16), qkv)
+
+    chain()   # compiles
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain()
+    for _ in range(3):
+        x.copy_(rand(1, 4096, dtype=torch.bfloat16))
+        graph.replay()
+        assert rel(out, reference()) < 2e-2
