@@ -6,6 +6,8 @@ so a stop string is never shown, even when it arrives split across tokens.
 """
 from __future__ import annotations
 
+import functools
+
 from transformers import PreTrainedTokenizerBase
 
 _INCOMPLETE = "\ufffd"
@@ -15,42 +17,44 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_token_ids: list[int],
                  skip_special_tokens: bool = True, stop: list[str] = (),
                  include_stop_str_in_output: bool = False):
-        self.tokenizer = tokenizer
-        self.skip_special_tokens = skip_special_tokens
         # The Rust tokenizer itself when that is all tokenizer.decode would run (no clean-up
         # pass): its Python layers cost more than the decode, twice per token of every stream.
         backend = getattr(tokenizer, "backend_tokenizer", None)
-        self._backend = backend if backend is not None and not getattr(
-            tokenizer, "clean_up_tokenization_spaces", True) else None
+        decoder = backend if backend is not None and not getattr(
+            tokenizer, "clean_up_tokenization_spaces", True) else tokenizer
+        self._decode = functools.partial(decoder.decode, skip_special_tokens=skip_special_tokens)
         self.stop = list(stop)
+        self._longest_stop = max(map(len, self.stop), default=0)
         self.include_stop = include_stop_str_in_output
         self.tokens: list[int] = list(prompt_token_ids[-6:])  # context for leading spaces
         self.prefix_offset = 0
         self.read_offset = len(self.tokens)
+        self._prefix: str | None = None   # decoded tokens[prefix_offset:read_offset], if known
         self.text = ""            # all text decoded so far (stop string cut when found)
         self.emitted = 0          # characters of text already handed out
         self.stop_reason: str | None = None
 
-    def _decode(self, ids: list[int]) -> str:
-        if self._backend is not None:
-            return self._backend.decode(ids, skip_special_tokens=self.skip_special_tokens)
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
-
     def add_tokens(self, token_ids: list[int]) -> None:
+        tokens = self.tokens
         for tid in token_ids:
             if self.stop_reason is not None:
                 return
-            self.tokens.append(tid)
-            prefix = self._decode(self.tokens[self.prefix_offset:self.read_offset])
-            full = self._decode(self.tokens[self.prefix_offset:])
+            tokens.append(tid)
+            prefix = self._prefix
+            if prefix is None:    # kept while the window waits for a character to complete
+                prefix = self._prefix = self._decode(tokens[self.prefix_offset:self.read_offset])
+            full = self._decode(tokens[self.prefix_offset:])
             if len(full) > len(prefix) and not full.endswith(_INCOMPLETE):
-                new = full[len(prefix):]
                 self.prefix_offset = self.read_offset
-                self.read_offset = len(self.tokens)
-                self._append(new)
+                self.read_offset = len(tokens)
+                self._prefix = None
+                self._append(full[len(prefix):])
 
     def _append(self, new: str) -> None:
-        start = max(0, len(self.text) - max((len(s) for s in self.stop), default=0))
+        if not self.stop:
+            self.text += new
+            return
+        start = max(0, len(self.text) - self._longest_stop)
         self.text += new
         for s in self.stop:
             i = self.text.find(s, start)
