@@ -34,17 +34,22 @@ class RequestState:
     final_only: bool                  # offline: one output, when the request finishes
     metrics: RequestMetrics
     num_cached_tokens: int = 0
+    num_unfinished: int = 0           # children without a finish reason, counted as they end
 
     @property
     def finished(self) -> bool:
-        return all(c.finish_reason is not None for c in self.children.values())
+        return self.num_unfinished == 0
+
+    def finish(self, child: _Child, reason: str, stop_reason: str | int | None) -> None:
+        child.finish_reason, child.stop_reason = reason, stop_reason
+        self.num_unfinished -= 1
 
 
 class OutputProcessor:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.states: dict[str, RequestState] = {}
-        self.child_to_parent: dict[str, str] = {}
+        self.children: dict[str, tuple[RequestState, _Child]] = {}   # by child request id
 
     def add(self, request_id: str, prompt: str | None, requests: list[Request],
             delta: bool = False, final_only: bool = False) -> RequestState:
@@ -60,11 +65,13 @@ class OutputProcessor:
                                               else None,
                                               cumulative_logprob=0.0 if params.logprobs is not None
                                               else None)
-            self.child_to_parent[req.request_id] = request_id
         state = RequestState(request_id, prompt, requests[0].prompt_token_ids, children, delta,
                              final_only,
-                             RequestMetrics(arrival_time=requests[0].arrival_time))
+                             RequestMetrics(arrival_time=requests[0].arrival_time),
+                             num_unfinished=len(children))
         self.states[request_id] = state
+        for child_id, child in children.items():
+            self.children[child_id] = (state, child)
         return state
 
     def process(self, outputs: list[CoreOutput]) -> tuple[list[RequestOutput], list[str]]:
@@ -74,11 +81,10 @@ class OutputProcessor:
         touched: dict[str, RequestState] = {}
         to_abort: list[str] = []
         for out in outputs:
-            parent = self.child_to_parent.get(out.request_id)
-            if parent is None:
+            entry = self.children.get(out.request_id)
+            if entry is None:
                 continue
-            state = self.states[parent]
-            child = state.children[out.request_id]
+            state, child = entry
             if child.finish_reason is not None:
                 continue
             metrics = state.metrics
@@ -97,18 +103,19 @@ class OutputProcessor:
                 for tid, lp in zip(out.new_token_ids, out.logprobs):
                     child.logprobs.append(self._logprob_entry(tid, lp))
                     child.cumulative_logprob += lp.sampled_logprob
-            if child.detok is not None:
-                child.detok.add_tokens(out.new_token_ids)
-                if child.detok.stop_reason is not None:
-                    child.finish_reason, child.stop_reason = "stop", child.detok.stop_reason
+            detok = child.detok
+            if detok is not None:
+                detok.add_tokens(out.new_token_ids)
+                if detok.stop_reason is not None:
+                    state.finish(child, "stop", detok.stop_reason)
                     if out.finish_reason is None:   # the core still runs it: stop it there
                         to_abort.append(out.request_id)
             if child.finish_reason is None and out.finish_reason is not None:
-                child.finish_reason, child.stop_reason = out.finish_reason, out.stop_reason
-            touched[parent] = state
+                state.finish(child, out.finish_reason, out.stop_reason)
+            touched[state.request_id] = state
         results = []
         for s in touched.values():
-            finished = s.finished     # once: the server calls this per token of every stream
+            finished = s.finished
             if finished:
                 s.metrics.finished_time = now
                 self._forget(s)
@@ -123,14 +130,14 @@ class OutputProcessor:
             return []
         for child in state.children.values():
             if child.finish_reason is None:
-                child.finish_reason = "abort"
+                state.finish(child, "abort", None)
         self._forget(state)
         return list(state.children)
 
     def _forget(self, state: RequestState) -> None:
         self.states.pop(state.request_id, None)
         for cid in state.children:
-            self.child_to_parent.pop(cid, None)
+            self.children.pop(cid, None)
 
     def _logprob_entry(self, token_id: int, lp) -> dict[int, Logprob]:
         decode = (lambda t: self.tokenizer.decode([t])) if self.tokenizer is not None \
