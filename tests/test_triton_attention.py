@@ -235,18 +235,3 @@ def test_rotary_fused_into_kv_write_mrope(backend, dtype):
     positions = torch.randint(0, 3000, (3, b.q.shape[0]))
     check_backend_with_rotary(backend, b, rotary, positions)
     check_backend_with_rotary(backend, b, rotary, positions, column_major_tables=True)
-
-
-@pytest.mark.parametrize("causal", [False, True])
-def test_varlen_attention_vit_shape(causal):
-    # GLM-4.1V's ViT: 12 heads x 128; one full screenshot (12,432 patches) next to smaller images.
-    from autoglm_serve.kernels.varlen_attention import sdpa_varlen_attention, varlen_attention
-    lens = [12432, 1] + _lens(2, 5000, 2)
-    cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
-    qkv = torch.randn(int(cu[-1]), 3, 12, 128, dtype=torch.bfloat16, device=DEV)
-    q, k, v = qkv.unbind(1)
-    out = torch.full_like(q, float("nan"))
-    varlen_attention(q, k, v, cu.to(DEV), max(lens), 128 ** -0.5, causal=causal, out=out)
-    ref = sdpa_varlen_attention(q.float(), k.float(), v.float(), cu.tolist(), 128 ** -0.5, causal)
-    assert not out.isnan().any()
-    assert rel_err(out, ref) < TOLERANCE[torch.bfloat16]

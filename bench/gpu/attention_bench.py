@@ -7,8 +7,8 @@ AutoGLM-Phone-9B attention (32 query heads, 2 KV heads, head_dim 128, bf16), one
   split-K decode + merge) replayed from a CUDA graph, as the engine runs it, and eagerly; achieved
   bandwidth = K/V bytes read / time, against the H200's ~4.3 TB/s copy bandwidth;
 - prefill of 4k tokens without and with a 4k cached prefix: TFLOP/s of the causal attention, next
-  to torch SDPA (flash / cuDNN, contiguous K/V with GQA: the unpaged ceiling of the same maths);
-- the ViT's varlen attention (12 heads x 128, one 12,432-patch screenshot): Triton vs SDPA.
+  to torch SDPA (flash / cuDNN, contiguous K/V with GQA: the unpaged ceiling of the same maths).
+The vision tower's attention is timed by vit_bench.py.
 Prints a markdown table last. Runs in well under 3 minutes on an H200.
 """
 from __future__ import annotations
@@ -27,10 +27,9 @@ from triton.testing import do_bench, do_bench_cudagraph
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
-from autoglm_serve.kernels.varlen_attention import sdpa_varlen_attention, varlen_attention  # noqa
 from autoglm_serve.models.layers.attention import AttentionMetadata  # noqa: E402
 from autoglm_serve.models.layers.triton_attention import TritonAttentionBackend  # noqa: E402
-from paged_attention_cases import check_backend, make_batch, rel_err  # noqa: E402
+from paged_attention_cases import check_backend, make_batch  # noqa: E402
 
 H, HKV, D = 32, 2, 128
 DTYPE = torch.bfloat16
@@ -142,26 +141,6 @@ def bench_prefill(context: int, query_len: int, block_size: int, backend) -> dic
                 sdpa_tflops=flops / t_sdpa / 1e12)
 
 
-def bench_vit() -> dict:
-    lens = [12432]
-    cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
-    qkv = torch.randn(int(cu[-1]), 3, 12, 128, dtype=DTYPE, device=DEV)
-    q, k, v = qkv.unbind(1)
-    cu_dev = cu.to(DEV)
-    scale = 128 ** -0.5
-    out = torch.empty_like(q)
-    err = rel_err(varlen_attention(q, k, v, cu_dev, max(lens), scale),
-                  sdpa_varlen_attention(q.float(), k.float(), v.float(), cu.tolist(), scale))
-    t_tr = do_bench(lambda: varlen_attention(q, k, v, cu_dev, max(lens), scale, out=out),
-                    warmup=5, rep=50, return_mode="median") * 1e-3
-    cu_list = cu.tolist()
-    t_sdpa = do_bench(lambda: sdpa_varlen_attention(q, k, v, cu_list, scale),
-                      warmup=5, rep=50, return_mode="median") * 1e-3
-    flops = 4 * 12 * 128 * sum(n * n for n in lens)
-    return dict(err=err, triton=t_tr, sdpa=t_sdpa, tflops=flops / t_tr / 1e12,
-                sdpa_tflops=flops / t_sdpa / 1e12)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--block-size", type=int, default=16)
@@ -199,18 +178,11 @@ def main() -> None:
                 f"{r['tflops']:.0f} TFLOP/s | SDPA {r['sdpa'] * 1e6:.1f} us, "
                 f"{r['sdpa_tflops']:.0f} TFLOP/s |")
 
-    def vit_row() -> str:
-        r = bench_vit()
-        return (f"| ViT varlen (12 x 128, non-causal) | 1 image | 12432 | | "
-                f"{r['triton'] * 1e6:.1f} | | {r['tflops']:.0f} TFLOP/s (err {r['err']:.1e}) | "
-                f"SDPA {r['sdpa'] * 1e6:.1f} us, {r['sdpa_tflops']:.0f} TFLOP/s |")
-
     for batch in (1, 64, 256):
         for ctx in (512, 2048, 8192, 32768):
             attempt(f"decode {batch} x {ctx}", lambda: decode_row(batch, ctx))
     for context in (0, 4096):
         attempt(f"prefill {context} + 4096", lambda: prefill_row(context))
-    attempt("ViT varlen", vit_row)
 
     print(f"\n(total {time.time() - t0:.0f}s)\n")
     print(f"Triton paged attention, {torch.cuda.get_device_name()}, bf16, H={H} Hkv={HKV} D={D}, "
