@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from autoglm_serve.kernels import pdl
+from autoglm_serve.kernels.kv_write import rotate_pairs
 from autoglm_serve.kernels.pdl import wait_for_previous_grid
 
 logger = logging.getLogger(__name__)
@@ -130,14 +131,10 @@ def _rotary_kernel(x_ptr, cos_ptr, sin_ptr, stride_t, num_heads, head_dim,
         i1, i2 = 2 * k, 2 * k + 1
     else:
         i1, i2 = k, k + HALF
-    x1 = tl.load(base + i1, mask=hmask, other=0.0)
-    x2 = tl.load(base + i2, mask=hmask, other=0.0)
-    # cos/sin rounded to the activation dtype first, as the PyTorch path does
-    c = cos.to(x1.dtype).to(tl.float32)
-    s = sin.to(x1.dtype).to(tl.float32)
-    a, b = x1.to(tl.float32), x2.to(tl.float32)
-    tl.store(base + i1, (a * c - b * s).to(x1.dtype), mask=hmask)
-    tl.store(base + i2, (b * c + a * s).to(x1.dtype), mask=hmask)
+    # the PyTorch path's rounding points, as in the KV write's fused rotary
+    r1, r2 = rotate_pairs(base, i1, i2, cos, sin, hmask)
+    tl.store(base + i1, r1, mask=hmask)
+    tl.store(base + i2, r2, mask=hmask)
 
 
 def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int,

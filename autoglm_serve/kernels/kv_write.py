@@ -28,7 +28,7 @@ def _rounded(x, dtype: tl.constexpr):
 
 
 @triton.jit
-def _rotate_pairs(base, i1, i2, cos, sin, mask):
+def rotate_pairs(base, i1, i2, cos, sin, mask):
     """The rotated values of the pairs (base[i1], base[i2]): x1*cos - x2*sin, x2*cos + x1*sin."""
     x1 = tl.load(base + i1, mask=mask, other=0.0)
     x2 = tl.load(base + i2, mask=mask, other=0.0)
@@ -70,7 +70,7 @@ def _write_kv_kernel(q_ptr, k_ptr, v_ptr, cache_ptr, slot_ptr, cos_ptr, sin_ptr,
         hq = tl.arange(0, BLOCK_H)[:, None]
         q_mask = (hq < NUM_HEADS) & f_mask
         q_base = q_ptr + t * stride_qt + hq * stride_qh
-        q1, q2 = _rotate_pairs(q_base, i1, i2, cos, sin, q_mask)
+        q1, q2 = rotate_pairs(q_base, i1, i2, cos, sin, q_mask)
         tl.store(q_base + i1, q1, mask=q_mask)
         tl.store(q_base + i2, q2, mask=q_mask)
 
@@ -84,7 +84,7 @@ def _write_kv_kernel(q_ptr, k_ptr, v_ptr, cache_ptr, slot_ptr, cos_ptr, sin_ptr,
     k_base = k_ptr + t * stride_kt + hk * stride_kh
     if ROTARY_HALF > 0:
         k_mask = (hk < NUM_KV_HEADS) & f_mask
-        k1, k2 = _rotate_pairs(k_base, i1, i2, cos, sin, k_mask)
+        k1, k2 = rotate_pairs(k_base, i1, i2, cos, sin, k_mask)
         tl.store(dst + i1, k1.to(out_ty), mask=k_mask)
         tl.store(dst + i2, k2.to(out_ty), mask=k_mask)
     if 2 * ROTARY_HALF < HEAD_DIM:
