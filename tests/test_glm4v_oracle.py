@@ -118,3 +118,37 @@ def test_greedy_same_alone_and_batched(llm, hf):
     llm.engine.core.kv.reset_prefix_cache()
     together = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert alone == together
+
+
+def test_warm_up_encodes_a_screenshot_and_leaves_no_trace(checkpoint, llm, hf):
+    """The start-up warm-up (run on CUDA) puts a phone screenshot, sized by the server's image
+    settings, through the vision tower; afterwards no cache holds anything of it and answers
+    are unchanged."""
+    _, tokenizer, _ = hf
+    warm = LLM(str(checkpoint), loaded=llm.engine.core.loaded, dtype="float32", block_size=16,
+               max_model_len=2048, max_num_batched_tokens=64,
+               mm_processor_kwargs={"max_pixels": 200_000})
+    core = warm.engine.core
+    grids = []
+    embed_images = core.runner.model.embed_images
+
+    def recording(pixel_values, grid_thw):
+        grids.extend(tuple(g) for g in grid_thw)
+        return embed_images(pixel_values, grid_thw)
+
+    core.runner.model.embed_images = recording
+    parts = CASES["one_image"]
+    prompt = {"prompt_token_ids": build_prompt(tokenizer, parts),
+              "multi_modal_data": {"image": [parts[0]]}}
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    before = warm.generate(prompt, params)[0].outputs[0].token_ids
+    core.kv.reset_prefix_cache()
+    core.runner.encoder_cache.clear()
+    grids.clear()
+
+    core.warm_up()
+    assert any(h > 2 * w for _, h, w in grids), grids   # the tall screenshot went through
+    cache = core.runner.encoder_cache
+    assert not cache.entries and cache.hits == cache.misses == 0
+    assert core.kv.prefix_queries == core.kv.prefix_hits == 0 and not core.has_unfinished()
+    assert warm.generate(prompt, params)[0].outputs[0].token_ids == before

@@ -169,8 +169,9 @@ class EngineCore:
 
     def warm_up(self) -> None:
         """Runs the shapes a server meets first (lone and batched prefills, mixed steps, a
-        prefix-cache hit) so Triton compiles its kernel variants now, not during the first
-        user requests (a compile costs about a second of TTFT)."""
+        prefix-cache hit, and for a vision model one phone screenshot) so Triton compiles its
+        kernel variants and cuDNN plans its attention now, not during the first user requests
+        (a compile costs about a second of TTFT)."""
         from autoglm_serve.sampling_params import SamplingParams
         start = time.monotonic()
         params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
@@ -183,11 +184,34 @@ class EngineCore:
                 self.add_request(Request(f"warmup-{i}-{j}", ids, params, frozenset(), 3))
             while self.has_unfinished():
                 self.step()
+        if self.runner.encoder_cache is not None:
+            self._warm_up_screenshot(params)
         self.kv.reset_prefix_cache()
         self.kv.prefix_queries = self.kv.prefix_hits = 0
         self.num_prompt_tokens_total = self.num_generation_tokens_total = 0
         self.scheduler.num_preemptions = 0
         logger.info("warm-up in %.1f s", time.monotonic() - start)
+
+    def _warm_up_screenshot(self, params) -> None:
+        """A blank 1080x2400 screenshot, sized by the server's own image settings (the common
+        phone agent's first request), through the vision tower and the prefill."""
+        from PIL import Image
+
+        from autoglm_serve.multimodal.processor import MultiModalProcessor
+        hf, path = self.loaded.hf_config, self.loaded.resolved.path
+        processor = MultiModalProcessor(hf, path if path.is_dir() else None,
+                                        self.config.mm_processor_kwargs)
+        prompt = processor.build([hf.image_token_id, 0, 1],
+                                 [Image.new("RGB", (1080, 2400), (255, 255, 255))])
+        if len(prompt.token_ids) + 3 >= self.max_model_len:
+            return
+        positions, delta = prompt.mrope
+        self.add_request(Request("warmup-screenshot", prompt.token_ids, params, frozenset(), 3,
+                                 mm_items=prompt.items, mrope_positions=positions,
+                                 mrope_delta=delta))
+        while self.has_unfinished():
+            self.step()
+        self.runner.encoder_cache.clear()
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:

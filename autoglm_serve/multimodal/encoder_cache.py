@@ -29,6 +29,11 @@ class EncoderCache:
         self.hits += 1
         return emb
 
+    def clear(self) -> None:
+        """Empty, counters included (after the engine's warm-up)."""
+        self.entries.clear()
+        self.num_tokens = self.hits = self.misses = 0
+
     def put(self, content_hash: str, embeddings: torch.Tensor) -> None:
         if content_hash in self.entries:
             return
