@@ -119,10 +119,11 @@ class KVCacheManager:
                  cached_blocks: list[int] = ()) -> bool:
         """Makes room for num_new_tokens more tokens (after cached_blocks, when given).
         All or nothing: returns False and changes nothing if blocks run out."""
+        if not cached_blocks and (request.num_computed_tokens + num_new_tokens
+                                  <= len(request.block_ids) * self.block_size):
+            return True          # most decode steps: the last block still has room
         have = len(request.block_ids) + len(cached_blocks)
         total = request.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
-        if not cached_blocks and total <= have * self.block_size:
-            return True          # most decode steps: the last block still has room
         need = self.blocks_needed(total) - have
         # cached blocks sitting in the free queue are taken from it too
         reviving = sum(1 for b in cached_blocks if self.ref_counts[b] == 0)

@@ -17,7 +17,7 @@ from autoglm_serve.engine.kv_cache import KVCacheManager
 from autoglm_serve.engine.request import Request, RequestStatus
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledRequest:
     request: Request
     num_new_tokens: int
@@ -26,7 +26,7 @@ class ScheduledRequest:
     def samples(self) -> bool:
         """True when this step computes the request's last known token, so it yields logits."""
         r = self.request
-        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens + r.num_inflight
+        return r.num_computed_tokens + self.num_new_tokens == len(r.all_token_ids) + r.num_inflight
 
 
 @dataclass
@@ -79,15 +79,23 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         chosen: set[str] = set()
 
-        # Running requests: decodes (one token owed) before prefill chunks.
-        for req in sorted(self.running, key=lambda r: r.num_owed_tokens > 1):
+        # Running requests: decodes (one token owed) before prefill chunks. What each owes is
+        # read once (a preemption in this loop changes only its victim, skipped after).
+        running = self.running
+        owed = [len(r.all_token_ids) + r.num_inflight - r.num_computed_tokens for r in running]
+        order = zip(running, owed)
+        if max(owed, default=0) > 1:
+            order = sorted(order, key=lambda pair: pair[1] > 1)
+        running_status = RequestStatus.RUNNING     # an Enum member's lookup costs ~70 ns
+        for req, n in order:
             if budget == 0:
                 break
-            if req.request_id in chosen or req.status != RequestStatus.RUNNING:
-                continue
+            if req.status is not running_status:
+                continue        # preempted by a request before it in this loop
             if req.num_inflight and self._ends_with_inflight(req):
                 continue        # its in-flight token is its last: nothing more to compute
-            n = min(req.num_owed_tokens, budget)
+            if n > budget:
+                n = budget
             while not self.kv.allocate(req, n):
                 victim = self._pick_victim(chosen)
                 self._preempt(victim, out)
@@ -132,8 +140,8 @@ class Scheduler:
 
     def _ends_with_inflight(self, req: Request) -> bool:
         """Whether the length limits end the request once its in-flight token lands."""
-        return (req.num_output_tokens + req.num_inflight >= req.max_tokens
-                or req.num_tokens + req.num_inflight >= self.max_model_len)
+        return (len(req.output_token_ids) + req.num_inflight >= req.max_tokens
+                or len(req.all_token_ids) + req.num_inflight >= self.max_model_len)
 
     def _pick_victim(self, chosen: set[str]) -> Request:
         """The latest-arrived running request not yet given tokens this step (or the last one)."""
