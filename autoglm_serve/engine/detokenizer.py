@@ -67,7 +67,7 @@ class IncrementalDetokenizer:
     def new_text(self, finished: bool) -> str:
         """Text not handed out yet; a tail that may begin a stop string waits unless finished."""
         end = len(self.text)
-        if not finished and self.stop_reason is None:
+        if self.stop and not finished and self.stop_reason is None:
             end -= self._held_back()
         out = self.text[self.emitted:end]
         self.emitted = max(self.emitted, end)

@@ -150,14 +150,18 @@ class OutputProcessor:
 
     def _make_output(self, state: RequestState, finished: bool) -> RequestOutput:
         completions = []
+        num_preemptions = 0
         for child in state.children.values():
+            num_preemptions += child.num_preemptions
             child_finished = child.finish_reason is not None
             if state.delta:
                 text = child.detok.new_text(child_finished) if child.detok else ""
                 token_ids = child.token_ids[child.sent_tokens:]
-                logprobs = None if child.logprobs is None else child.logprobs[child.sent_logprobs:]
                 child.sent_tokens = len(child.token_ids)
-                child.sent_logprobs = len(child.logprobs or [])
+                logprobs = None
+                if child.logprobs is not None:
+                    logprobs = child.logprobs[child.sent_logprobs:]
+                    child.sent_logprobs = len(child.logprobs)
                 if not (text or token_ids or child_finished):
                     continue
             else:
@@ -168,5 +172,4 @@ class OutputProcessor:
                                                 child.stop_reason, logprobs,
                                                 child.cumulative_logprob))
         return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids, completions,
-                             finished, state.metrics, state.num_cached_tokens,
-                             sum(c.num_preemptions for c in state.children.values()))
+                             finished, state.metrics, state.num_cached_tokens, num_preemptions)
