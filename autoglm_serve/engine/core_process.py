@@ -13,6 +13,7 @@ the closed socket ends this process at once: nobody is left to read what it comp
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import pickle
@@ -54,6 +55,11 @@ def run_core_process(config: EngineConfig, conn: Connection, log_level: int) -> 
     except BaseException as exc:   # reported to the server, which fails its start with it
         channel.send([CoreFailed(_picklable(exc), traceback.format_exc())])
         sys.exit(1)
+    # What start-up built (the model, the modules of torch and transformers) lives as long as the
+    # process: frozen, the collector's full passes no longer walk it. Each such pass stalled the
+    # step loop ~200 ms in the CPU profile (380k objects); 12 ms once frozen.
+    gc.collect()
+    gc.freeze()
     channel.send([CoreReady(engine_info(core))])
 
     outbox: queue.Queue = queue.Queue()
