@@ -53,6 +53,8 @@ def test_defaults_come_from_preprocessor_config():
     assert ImageProcessorConfig.from_pretrained(CONFIG_DIR, max_pixels=5_000_000).max_pixels == 5_000_000
     with pytest.raises(ValueError):
         ImageProcessorConfig.from_pretrained(CONFIG_DIR, not_an_option=1)
+    with pytest.raises(ValueError, match="bicubic"):
+        ImageProcessorConfig.from_pretrained(CONFIG_DIR, resample=Image.Resampling.BILINEAR)
 
 
 def test_phone_screenshot_max_pixels_5m_gives_3108_tokens():
@@ -99,6 +101,47 @@ def test_batch_concatenates():
     assert grid.tolist() == [list(ours(a).grid_thw), list(ours(b).grid_thw)]
     assert pixel_values.shape[0] == int(grid.prod(-1).sum())
     assert tokens == [ours(a).num_tokens, ours(b).num_tokens]
+
+
+def _phone_prompt_item():
+    from types import SimpleNamespace
+
+    from autoglm_serve.multimodal.processor import MultiModalProcessor
+
+    image = Image.open(DATA / "phone_screenshot_1080x2400.png")
+    hf_config = SimpleNamespace(image_token_id=7, vision_config=SimpleNamespace(spatial_merge_size=2))
+    processor = MultiModalProcessor(hf_config, CONFIG_DIR, {"max_pixels": 5_000_000})
+    prompt = processor.build([1, 7, 2], [image])
+    return image, processor.image_processor, prompt.items[0]
+
+
+def test_front_end_ships_the_image_at_its_size_and_the_core_lays_it_out_as_pil_would():
+    """build() hands the core the RGB screenshot unresized; lay_out resizes and lays it out to
+    exactly the patches of PIL's resize (which the front-end ran before)."""
+    from autoglm_serve.multimodal.media import image_content_hash
+
+    image, image_processor, item = _phone_prompt_item()
+    rgb = np.array(image.convert("RGB"))
+    assert item.pixel_values.dtype == torch.uint8
+    assert torch.equal(item.pixel_values, torch.from_numpy(rgb))
+    assert item.grid_thw == (1, 168, 74) and (item.offset, item.length) == (1, 3108)
+    assert item.content_hash == image_content_hash(image)
+
+    item.lay_out(torch.device("cpu"))
+    pil = Image.fromarray(rgb).resize((1036, 2352), resample=Image.Resampling.BICUBIC)
+    want = image_processor.patches(torch.from_numpy(np.array(pil)))
+    assert item.layout is None
+    assert torch.equal(item.pixel_values, want.pixel_values)
+
+
+@pytest.mark.gpu
+def test_lay_out_on_the_gpu_equals_the_cpu():
+    _, _, on_cpu = _phone_prompt_item()
+    _, _, on_gpu = _phone_prompt_item()
+    on_cpu.lay_out(torch.device("cpu"))
+    on_gpu.lay_out(torch.device("cuda"))
+    assert on_gpu.pixel_values.is_cuda
+    torch.testing.assert_close(on_gpu.pixel_values.cpu(), on_cpu.pixel_values, rtol=0, atol=1e-6)
 
 
 @pytest.fixture(scope="module")

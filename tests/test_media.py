@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import http.server
 import io
 import os
@@ -11,6 +12,7 @@ import struct
 from pathlib import Path
 
 import pytest
+import torch
 from PIL import Image
 
 from autoglm_serve.multimodal.media import MediaError, MediaLoader, MediaPolicy, image_content_hash
@@ -57,6 +59,14 @@ def test_screenshot_loads_and_hash_depends_on_pixels_not_encoding():
     # same bytes, different shape -> different hash
     flat = Image.frombytes("RGB", (2400, 1080), loaded.image.tobytes())
     assert image_content_hash(flat) != loaded.content_hash
+
+
+def test_hash_is_sha256_of_size_and_rgb_bytes_and_those_bytes_are_the_pixels():
+    loaded = MediaLoader().load(_data_url(SCREENSHOT.read_bytes()))
+    rgb = loaded.image.tobytes()
+    assert loaded.content_hash == hashlib.sha256(b"1080x2400:" + rgb).hexdigest()
+    assert loaded.pixels.dtype == torch.uint8 and loaded.pixels.shape == (2400, 1080, 3)
+    assert loaded.pixels.numpy().tobytes() == rgb
 
 
 def test_rgba_is_composited_on_white():

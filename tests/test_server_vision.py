@@ -90,8 +90,8 @@ def test_data_url_screenshot_answers(server):
 
 
 def test_a_screenshot_crosses_to_the_core_process_and_answers_as_in_process(server, model):
-    """The core runs in its own process; the resized screenshot (large enough to go as shared
-    memory) reaches it intact and is laid out there, so the answer equals the in-process
+    """The core runs in its own process; the screenshot (large enough to go as shared memory)
+    reaches it intact and is resized and laid out there, so the answer equals the in-process
     engine's."""
     from autoglm_serve import LLM, SamplingParams
     from autoglm_serve.engine.tensor_channel import SHARE_MIN_BYTES
@@ -104,8 +104,9 @@ def test_a_screenshot_crosses_to_the_core_process_and_answers_as_in_process(serv
     llm = LLM(str(model), dtype="float32", max_model_len=4096,
               mm_processor_kwargs={"max_pixels": MAX_PIXELS})
     prompt = llm.engine.prepare_chat([{"role": "user", "content": content}])
-    pixels = prompt.mm_items[0].pixel_values     # what crosses: the resized image, uint8
-    assert pixels.dtype == torch.uint8 and pixels.nbytes >= SHARE_MIN_BYTES
+    pixels = prompt.mm_items[0].pixel_values     # what crosses: the RGB image at its own size
+    assert pixels.dtype == torch.uint8 and pixels.shape == (2400, 1080, 3)
+    assert pixels.nbytes >= SHARE_MIN_BYTES
     assert body["usage"]["prompt_tokens"] == len(prompt.token_ids)
     offline = llm.chat([{"role": "user", "content": content}],
                        SamplingParams(temperature=0, max_tokens=6))[0].outputs[0]

@@ -25,9 +25,10 @@ import warnings
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urljoin, urlsplit
 
+import torch
 from PIL import Image, UnidentifiedImageError
 
-from autoglm_serve.multimodal.image_processor import to_rgb
+from autoglm_serve.multimodal.image_processor import rgb_pixels, to_rgb
 
 ALLOWED_FORMATS = {"PNG": "png", "JPEG": "jpeg", "WEBP": "webp"}
 _DATA_URL = re.compile(r"^data:image/(png|jpeg|jpg|webp);base64,", re.IGNORECASE)
@@ -52,16 +53,28 @@ class MediaPolicy:
 class LoadedImage:
     image: Image.Image      # RGB, fully decoded
     content_hash: str       # sha256 hex of size + RGB bytes: same pixels => same key, whatever the encoding
-    source: str             # "data", "file" or "http"
+    source: str             # "data", "file", "http" or "pil"
+    pixels: torch.Tensor    # the RGB bytes, (H, W, 3) uint8: the ones hashed, the ones the engine gets
+
+    @classmethod
+    def of(cls, image: Image.Image, source: str) -> "LoadedImage":
+        """``image`` as RGB, its pixels and their hash."""
+        rgb = to_rgb(image)
+        pixels = rgb_pixels(rgb)
+        return cls(rgb, pixels_content_hash(pixels), source, pixels)
+
+
+def pixels_content_hash(pixels: torch.Tensor) -> str:
+    """Key for the prefix cache and the encoder cache: identical pixels give identical keys."""
+    height, width = pixels.shape[:2]
+    h = hashlib.sha256(f"{width}x{height}:".encode())
+    h.update(pixels.numpy())    # the tensor's own buffer: no copy (hashlib drops the GIL meanwhile)
+    return h.hexdigest()
 
 
 def image_content_hash(image: Image.Image) -> str:
-    """Key for the prefix cache and the encoder cache: identical pixels give identical keys."""
-    rgb = image if image.mode == "RGB" else image.convert("RGB")
-    h = hashlib.sha256()
-    h.update(f"{rgb.width}x{rgb.height}:".encode())
-    h.update(rgb.tobytes())
-    return h.hexdigest()
+    """The content hash of a PIL image's RGB pixels (``to_rgb``)."""
+    return pixels_content_hash(rgb_pixels(image))
 
 
 class MediaLoader:
@@ -91,8 +104,7 @@ class MediaLoader:
                 raise MediaError("image_url must be a data:image/...;base64 URL"
                                  + (", a file:// URL" if self._root else "")
                                  + (", or an http(s) URL of an allowed domain" if self.policy.allowed_domains else ""))
-        image = self._decode(data)
-        return LoadedImage(image=image, content_hash=image_content_hash(image), source=source)
+        return LoadedImage.of(self._decode(data), source)
 
     # ---- sources ----
     def _from_data_url(self, url: str) -> bytes:

@@ -14,8 +14,7 @@ from PIL import Image
 from autoglm_serve.engine.request import MultiModalItem
 from autoglm_serve.models.mrope import get_mrope_positions
 from autoglm_serve.multimodal.image_processor import Glm4vImageProcessor
-from autoglm_serve.multimodal.media import (LoadedImage, MediaError, MediaLoader, MediaPolicy,
-                                            image_content_hash)
+from autoglm_serve.multimodal.media import LoadedImage, MediaError, MediaLoader, MediaPolicy
 from autoglm_serve.multimodal.prompt import expand_image_tokens
 
 DEFAULT_IMAGE_LIMIT = 10
@@ -61,8 +60,8 @@ def split_images(messages: list[dict]) -> tuple[list[dict], list[str]]:
 
 
 class MultiModalProcessor:
-    """Images are resized here (the engine's front-end); the core lays them out into patches
-    on its device (MultiModalItem.lay_out)."""
+    """The engine's front-end: images are hashed and their placeholders expanded here; the core
+    resizes them and lays them out into patches on its device (MultiModalItem.lay_out)."""
 
     def __init__(self, hf_config, model_dir, mm_processor_kwargs: dict | None = None,
                  limit_mm_per_prompt: dict | None = None, policy: MediaPolicy | None = None):
@@ -81,19 +80,16 @@ class MultiModalProcessor:
 
     def build(self, token_ids: list[int], images: list[Image.Image | LoadedImage]
               ) -> MultiModalPrompt:
-        loaded = [i if isinstance(i, LoadedImage) else LoadedImage(i, image_content_hash(i), "pil")
-                  for i in images]
-        if len(loaded) > self.max_images:
+        if len(images) > self.max_images:
             raise MediaError(f"at most {self.max_images} images per prompt are allowed "
-                             f"(--limit-mm-per-prompt), got {len(loaded)}")
-        resized = [self.image_processor.resize(i.image) for i in loaded]
-        grids = [self.image_processor.grid_thw(r) for r in resized]
+                             f"(--limit-mm-per-prompt), got {len(images)}")
+        loaded = [i if isinstance(i, LoadedImage) else LoadedImage.of(i, "pil") for i in images]
+        grids = [self.image_processor.grid_thw(*i.pixels.shape[:2]) for i in loaded]
         expanded = expand_image_tokens(token_ids, self.image_token_id, grids, self.merge)
         positions, delta = get_mrope_positions(expanded.token_ids, self.image_token_id, grids,
                                                self.merge)
         items = [MultiModalItem(content_hash=img.content_hash, offset=start, length=length,
-                                pixel_values=pixels, grid_thw=grid,
+                                pixel_values=img.pixels, grid_thw=grid,
                                 layout=self.image_processor.config)
-                 for img, pixels, grid, (start, length)
-                 in zip(loaded, resized, grids, expanded.image_ranges)]
+                 for img, grid, (start, length) in zip(loaded, grids, expanded.image_ranges)]
         return MultiModalPrompt(expanded.token_ids, items, (positions, delta))
