@@ -120,6 +120,24 @@ def test_greedy_same_alone_and_batched(llm, hf):
     assert alone == together
 
 
+def test_greedy_same_with_prompts_in_tiny_chunks(llm, hf):
+    """Budgets of 2 and 4 tokens: prompts (the image's included) arrive a few tokens at a time
+    beside the other request's decodes, so the runner lays out single prompt tokens as decode
+    rows (M-RoPE positions from the image's) and reorders batches where a decode follows a
+    chunk."""
+    _, tokenizer, _ = hf
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    prompts = [build_prompt(tokenizer, CASES["text"]),
+               {"prompt_token_ids": build_prompt(tokenizer, CASES["one_image"]),
+                "multi_modal_data": {"image": [CASES["one_image"][0]]}}]
+    llm.engine.core.kv.reset_prefix_cache()
+    expected = [llm.generate(p, params)[0].outputs[0].token_ids for p in prompts]
+    for budget in (2, 4):
+        tiny = LLM(loaded=llm.engine.core.loaded, dtype="float32", block_size=16,
+                   max_model_len=2048, max_num_batched_tokens=budget)
+        assert [o.outputs[0].token_ids for o in tiny.generate(prompts, params)] == expected
+
+
 def test_warm_up_encodes_a_screenshot_and_leaves_no_trace(checkpoint, llm, hf):
     """The start-up warm-up (run on CUDA) puts a phone screenshot, sized by the server's image
     settings, through the vision tower; afterwards no cache holds anything of it and answers
