@@ -22,9 +22,18 @@ from autoglm_serve.engine.host_transfer import to_device
 
 PRECISION_BITS = 32 - 8 - 2      # Pillow's: 8 bits of result, 2 for overshoot, and a sign bit
 SUPPORT = 2.0                    # bicubic's support at scale 1
-# Pillow 13 runs the vertical pass first when the height shrinks by more than twice as many
-# pixels as the width; earlier versions always start with the horizontal one
-_VERTICAL_FIRST_RULE = int(PIL.__version__.split(".")[0]) >= 13
+_PILLOW = tuple(int(part) for part in PIL.__version__.split(".")[:2])
+
+
+def _vertical_first(in_height: int, in_width: int, height: int, width: int) -> bool:
+    """Whether the installed Pillow runs the vertical pass first: 13 does when the height loses
+    more than twice as many pixels as the width; 12.2 and 12.3 when the image is over 100 times
+    taller than wide and loses height (in Python, as two resizes); earlier versions never."""
+    if _PILLOW >= (13, 0):
+        return in_height - height > max(0, 2 * (in_width - width))
+    if _PILLOW >= (12, 2):
+        return in_height > 100 * in_width and height < in_height
+    return False
 
 
 def _bicubic(x: np.ndarray) -> np.ndarray:
@@ -91,7 +100,7 @@ def resize_bicubic(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     in_height, in_width = image.shape[:2]
     # Horizontal first, Pillow runs that pass only over the source rows the vertical pass
     # reads: without a box, those are all rows.
-    vertical_first = _VERTICAL_FIRST_RULE and in_height - height > max(0, 2 * (in_width - width))
+    vertical_first = _vertical_first(in_height, in_width, height, width)
     if vertical_first and in_height != height:
         image = _resample_rows(image, height)
     if in_width != width:
