@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -125,5 +126,10 @@ def run_server(args: argparse.Namespace) -> int:
         engine.shutdown()
         sock.close()
         return 2
+    # What start-up built (tokenizer, torch, the engine and, on a thread, the model) lives as
+    # long as the server: out of the collector's sight, a full pass no longer walks it while
+    # streams wait (as in the core process)
+    gc.collect()
+    gc.freeze()
     asyncio.run(_serve(engine, settings, sock))
     return 0
