@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import functools
-import gc
 import os
 import pickle
 import pstats
@@ -38,6 +37,7 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from autoglm_serve.engine.gc_timer import GcTimer  # noqa: E402
 
 PHASES = ["schedule", "prepare_host", "device_inputs", "launch_other", "after_launch",
           "complete", "output_proc"]
@@ -48,14 +48,7 @@ class PhaseClock:
 
     def __init__(self):
         self.now: dict[str, float] = defaultdict(float)
-        self._gc_start = 0.0
-        gc.callbacks.append(self._on_gc)
-
-    def _on_gc(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._gc_start = time.perf_counter()
-        else:
-            self.now["gc"] += time.perf_counter() - self._gc_start
+        self.gc = GcTimer()
 
     def wrap(self, obj, method: str, phase: str) -> None:
         inner = getattr(obj, method)
@@ -71,6 +64,7 @@ class PhaseClock:
 
     def take(self) -> dict[str, float]:
         step, self.now = dict(self.now), defaultdict(float)
+        step["gc"] = self.gc.take()
         return step
 
 

@@ -1,11 +1,12 @@
 """The engine's periodic log line while it works (vLLM's "Avg prompt throughput ..." line): what a
 server's operator reads to see whether requests queue, steps stall, the cache fills or Python's
-garbage collector pauses the process (its time is counted through ``gc.callbacks``)."""
+garbage collector pauses the process."""
 from __future__ import annotations
 
-import gc
 import logging
 import time
+
+from autoglm_serve.engine.gc_timer import GcTimer
 
 logger = logging.getLogger("autoglm_serve.engine")
 
@@ -19,18 +20,10 @@ class StatsLogger:
         self._slowest_s = 0.0
         self._prompt0 = self._gen0 = None
         self._last_end = self._start
-        self._gc_s = 0.0
-        self._gc_started = 0.0
-        gc.callbacks.append(self._on_gc)
-
-    def _on_gc(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._gc_started = time.perf_counter()
-        else:
-            self._gc_s += time.perf_counter() - self._gc_started
+        self._gc = GcTimer()
 
     def close(self) -> None:
-        gc.callbacks.remove(self._on_gc)
+        self._gc.close()
 
     def step_done(self, core, step_s: float, prompt_tokens_before: int) -> None:
         """After each step: counts it, and logs once an interval has passed since the last line.
@@ -38,7 +31,8 @@ class StatsLogger:
         now = time.monotonic()
         if self._prompt0 is None or now - step_s - self._last_end > self.interval_s:
             self._start = now - step_s
-            self._steps, self._step_s, self._slowest_s, self._gc_s = 0, 0.0, 0.0, 0.0
+            self._steps, self._step_s, self._slowest_s = 0, 0.0, 0.0
+            self._gc.take()
             self._prompt0, self._gen0 = prompt_tokens_before, core.num_generation_tokens_total
         self._last_end = now
         self._steps += 1
@@ -54,7 +48,7 @@ class StatsLogger:
                     "generation %.0f tok/s, running %d, waiting %d, KV cache %.0f%%, GC %.0f ms",
                     self._steps, 1e3 * self._step_s / self._steps, 1e3 * self._slowest_s,
                     prompt / elapsed, gen / elapsed, core.num_running, core.num_waiting,
-                    100 * core.kv.usage, 1e3 * self._gc_s)
+                    100 * core.kv.usage, 1e3 * self._gc.take())
         self._start = now
-        self._steps, self._step_s, self._slowest_s, self._gc_s = 0, 0.0, 0.0, 0.0
+        self._steps, self._step_s, self._slowest_s = 0, 0.0, 0.0
         self._prompt0, self._gen0 = core.num_prompt_tokens_total, core.num_generation_tokens_total
