@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image
 
@@ -153,7 +154,13 @@ class Glm4vImageProcessor:
     def resize(self, pixels: torch.Tensor) -> torch.Tensor:
         """RGB (H, W, C) uint8 pixels at their target size, on their device: the same pixels as
         PIL's bicubic resize, 8x fewer bytes than their patches."""
-        return resize_bicubic(pixels, self.target_size(pixels.shape[0], pixels.shape[1]))
+        height, width = self.target_size(pixels.shape[0], pixels.shape[1])
+        if pixels.device.type == "cpu":
+            # PIL itself: the same pixels, in half the time of the torch gathers on a CPU
+            resized = Image.fromarray(pixels.numpy(), "RGB").resize((width, height),
+                                                                   Image.Resampling.BICUBIC)
+            return torch.from_numpy(np.array(resized))
+        return resize_bicubic(pixels, (height, width))
 
     def grid_thw(self, height: int, width: int) -> tuple[int, int, int]:
         """The patch grid of an image of this size, once resized."""
