@@ -1,8 +1,8 @@
 """GLM-4.1V image preprocessing: PIL image -> flattened patches, the same numbers as
 transformers' Glm4vImageProcessor (PIL backend).
 
-Steps: composite transparency on white and convert to RGB; resize (PIL's bicubic, bit for bit,
-in torch: multimodal/resize.py) so that both sides are multiples of patch*merge (28) and 2*h*w
+Steps: composite transparency on white and convert to RGB; resize (PIL's bicubic: PIL itself on
+a CPU, bit for bit in torch on a GPU, multimodal/resize.py) so that both sides are multiples of patch*merge (28) and 2*h*w
 lies within [min_pixels, max_pixels]; scale to [0, 1] (in float64, then float32, as
 transformers does); normalize with the CLIP mean/std;
 cut into 14x14 patches in merge-window order (the 2x2 patches of one LLM token are adjacent);
@@ -144,8 +144,8 @@ class Glm4vImageProcessor:
 
     def __call__(self, image: Image.Image, device: torch.device | str | None = None
                  ) -> ProcessedImage:
-        """Resize, scaling, normalization and patch layout in torch: on ``device`` when given (a
-        GPU does them for a phone screenshot in well under a millisecond)."""
+        """Resize, scaling, normalization and patch layout on ``device`` when given (a GPU does
+        them for a phone screenshot in well under a millisecond)."""
         pixels = rgb_pixels(image)
         if device is not None:
             pixels = pixels.to(device)
