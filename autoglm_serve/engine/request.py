@@ -105,12 +105,6 @@ class Request:
         return len(self.all_token_ids)
 
     @property
-    def num_owed_tokens(self) -> int:
-        """Tokens to compute before the next sample (an in-flight one counts: its id will be
-        fed from the GPU)."""
-        return len(self.all_token_ids) + self.num_inflight - self.num_computed_tokens
-
-    @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
 

@@ -79,8 +79,9 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         chosen: set[str] = set()
 
-        # Running requests: decodes (one token owed) before prefill chunks. What each owes is
-        # read once (a preemption in this loop changes only its victim, skipped after).
+        # Running requests: decodes (one token owed) before prefill chunks. What each owes (an
+        # in-flight token counts: its id will be fed from the GPU) is read once (a preemption in
+        # this loop changes only its victim, skipped after).
         running = self.running
         owed = [len(r.all_token_ids) + r.num_inflight - r.num_computed_tokens for r in running]
         order = zip(running, owed)
