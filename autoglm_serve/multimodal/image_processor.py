@@ -2,12 +2,12 @@
 transformers' Glm4vImageProcessor (PIL backend).
 
 Steps: composite transparency on white and convert to RGB; resize (PIL's bicubic: PIL itself on
-a CPU, bit for bit in torch on a GPU, multimodal/resize.py) so that both sides are multiples of patch*merge (28) and 2*h*w
-lies within [min_pixels, max_pixels]; scale to [0, 1] (in float64, then float32, as
-transformers does); normalize with the CLIP mean/std;
-cut into 14x14 patches in merge-window order (the 2x2 patches of one LLM token are adjacent);
-repeat each patch temporal_patch_size times (a still image is a 2-frame clip to the Conv3d).
-One row of ``pixel_values`` is laid out (C, T, P, P), the order the patch embedding expects.
+a CPU, bit for bit in torch on a GPU, multimodal/resize.py) so that both sides are multiples of
+patch*merge (28) and 2*h*w lies within [min_pixels, max_pixels]; scale to [0, 1] (in float64,
+then float32, as transformers does); normalize with the CLIP mean/std; cut into 14x14 patches
+in merge-window order (the 2x2 patches of one LLM token are adjacent); repeat each patch
+temporal_patch_size times (a still image is a 2-frame clip to the Conv3d). One row of
+``pixel_values`` is laid out (C, T, P, P), the order the patch embedding expects.
 """
 from __future__ import annotations
 
