@@ -7,12 +7,15 @@ Validation happens once here, so the sampler can trust every value it reads.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 # Below this temperature sampling is treated as argmax; dividing by ~0 would overflow.
 _GREEDY_EPS = 1e-5
 # OpenAI caps top_logprobs at 20 and vLLM's default max_logprobs is 20.
 MAX_LOGPROBS = 20
+# vLLM's range for seed (a signed 64-bit integer); torch's generators take it modulo 2^64.
+SEED_MIN, SEED_MAX = -2**63, 2**63 - 1
 
 
 @dataclass
@@ -47,6 +50,11 @@ class SamplingParams:
         self._validate()
 
     def _validate(self) -> None:
+        for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
+                     "repetition_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
         if not _is_int(self.n) or self.n < 1:
             raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
         if not self.temperature >= 0:  # written so NaN fails too
@@ -63,8 +71,10 @@ class SamplingParams:
             raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty!r}")
         if not self.repetition_penalty > 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
-        if self.seed is not None and not _is_int(self.seed):
-            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        if self.seed is not None and (not _is_int(self.seed)
+                                      or not SEED_MIN <= self.seed <= SEED_MAX):
+            raise ValueError(f"seed must be an integer in [{SEED_MIN}, {SEED_MAX}] or None, "
+                             f"got {self.seed!r}")
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
             raise ValueError(f"max_tokens must be an integer >= 1 or None, got {self.max_tokens!r}")
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
@@ -94,6 +104,10 @@ class SamplingParams:
     def clone(self) -> SamplingParams:
         """A deep copy, so the n children of one request can be given their own seeds/stops."""
         return copy.deepcopy(self)
+
+
+def _is_number(x: object) -> bool:
+    return (isinstance(x, (int, float)) and not isinstance(x, bool))
 
 
 def _is_int(x: object) -> bool:

@@ -136,6 +136,7 @@ def test_file_urls_inside_the_allowed_path_only(server, media_dir):
     ([image_part("data:image/png;base64,AAAAbm90IGFuIGltYWdl")], "image"),
     ([image_part("data:image/png;base64,%%%notbase64")], "base64"),
     ([image_part("http://127.0.0.1:9/x.png")], "disabled"),
+    ([image_part(png_url(Image.new("RGB", (10, 5000))))], "aspect ratio"),   # once a 500
 ])
 def test_bad_images_are_400_and_the_server_keeps_serving(server, content, needle):
     r = chat(server, content)

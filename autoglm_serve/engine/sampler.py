@@ -28,8 +28,9 @@ _TINY = torch.finfo(torch.float32).tiny
 
 
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
-    """A per-request generator; it must live on the logits' device to draw there."""
-    return torch.Generator(device=device).manual_seed(seed)
+    """A per-request generator; it must live on the logits' device to draw there. The seed is
+    taken modulo 2^64 (torch's range), so the n children's seed + i never overflow it."""
+    return torch.Generator(device=device).manual_seed(seed % 2**64)
 
 
 @dataclass

@@ -84,7 +84,10 @@ class MultiModalProcessor:
             raise MediaError(f"at most {self.max_images} images per prompt are allowed "
                              f"(--limit-mm-per-prompt), got {len(images)}")
         loaded = [i if isinstance(i, LoadedImage) else LoadedImage.of(i, "pil") for i in images]
-        grids = [self.image_processor.grid_thw(*i.pixels.shape[:2]) for i in loaded]
+        try:
+            grids = [self.image_processor.grid_thw(*i.pixels.shape[:2]) for i in loaded]
+        except ValueError as exc:   # a shape the model cannot take (aspect ratio over 200)
+            raise MediaError(str(exc)) from None
         expanded = expand_image_tokens(token_ids, self.image_token_id, grids, self.merge)
         positions, delta = get_mrope_positions(expanded.token_ids, self.image_token_id, grids,
                                                self.merge)

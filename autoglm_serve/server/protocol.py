@@ -1,7 +1,12 @@
 """Request and response bodies of the OpenAI-compatible API (field names of OpenAI and vLLM).
 
 Requests allow unknown fields (clients such as LangChain send extras that vLLM ignores too);
-values are checked here for type and shape, and by SamplingParams for ranges.
+values are checked here for type and shape, and by SamplingParams for ranges. Numbers must be
+finite (Python's JSON reader takes `Infinity` and `NaN`), and text must be valid Unicode: a lone
+surrogate (JSON's "\ud800") cannot be tokenized or sent back.
+
+Fields a client may send that we cannot honour yet (a non-empty `logit_bias`, a forced tool
+choice, a JSON response format) are refused with 400 rather than silently ignored.
 """
 from __future__ import annotations
 
@@ -9,15 +14,28 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt,
+                      field_validator)
 
 
 def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def _valid_unicode(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"text is not valid Unicode (a lone surrogate at character "
+                         f"{exc.start})") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_valid_unicode)]
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
 # ---- chat messages ------------------------------------------------------------------------
@@ -28,7 +46,7 @@ class ImageURL(BaseModel):
 
 class TextPart(BaseModel):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ImagePart(BaseModel):
@@ -47,9 +65,9 @@ ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-    reasoning_content: str | None = None
+    content: Text | list[ContentPart] | None = None
+    name: Text | None = None
+    reasoning_content: Text | None = None
 
 
 class StreamOptions(BaseModel):
@@ -69,7 +87,7 @@ class _SamplingFields(_Request):
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
     seed: StrictInt | None = None
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     stop_token_ids: list[StrictInt] | None = None
     max_tokens: StrictInt | None = None
     min_tokens: StrictInt = 0
@@ -80,6 +98,32 @@ class _SamplingFields(_Request):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, value):
+        if value:
+            raise ValueError("logit_bias is not supported by this server yet")
+        return value
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["text", "json_object", "json_schema"]
+
+    @field_validator("type")
+    @classmethod
+    def _text_only(cls, value):
+        if value != "text":
+            raise ValueError(f"response_format {value!r} is not supported by this server yet "
+                             "(only 'text')")
+        return value
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: dict[str, Any]
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -95,10 +139,21 @@ class ChatCompletionRequest(_SamplingFields):
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
     tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    response_format: ResponseFormat | None = None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice_we_honour(cls, value):
+        if value is not None and value not in ("none", "auto"):
+            raise ValueError("forcing a tool call (tool_choice 'required' or a named function) "
+                             "is not supported by this server yet")
+        return value
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
+    prompt: Text | list[Text] | list[StrictInt] | list[list[StrictInt]]
+    best_of: StrictInt | None = None
     logprobs: StrictInt | None = None
     echo: StrictBool = False
     add_special_tokens: StrictBool = True
@@ -106,7 +161,7 @@ class CompletionRequest(_SamplingFields):
 
 class TokenizeRequest(_Request):
     model: str | None = None
-    prompt: str | None = None
+    prompt: Text | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: StrictBool | None = None
     add_generation_prompt: StrictBool = True
