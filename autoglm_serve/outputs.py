@@ -12,11 +12,18 @@ class Logprob:
 
 
 @dataclass
+class RequestError:
+    """Why the engine failed a request (its finish_reason is then "error")."""
+    message: str
+    out_of_memory: bool = False     # the same request may fit later (HTTP 503, not 500)
+
+
+@dataclass
 class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None = None        # "stop" | "length" | "abort"
+    finish_reason: str | None = None        # "stop" | "length" | "abort" | "error"
     stop_reason: str | int | None = None    # the stop string or token id that ended it
     logprobs: list[dict[int, Logprob]] | None = None   # per token: token id -> Logprob
     cumulative_logprob: float | None = None
@@ -46,3 +53,4 @@ class RequestOutput:
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     extra: dict = field(default_factory=dict)
+    error: RequestError | None = None       # set when the engine failed it

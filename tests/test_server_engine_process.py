@@ -1,7 +1,8 @@
 """The engine core in its own process (the default) and on a thread (--no-engine-process): the
 core's pid, a stream that lags the engine still equals the non-streamed answer, a killed core
-turns into 503s and an unhealthy /health, a core that cannot start fails the server's start
-with its reason, a stopped server leaves no process behind, and the engine logs its pace."""
+ends the streams and the server (exit 1), SIGTERM drains and then ends what is left with an
+error event, a core that cannot start fails the server's start with its reason, a stopped
+server leaves no process behind, and the engine logs its pace."""
 from __future__ import annotations
 
 import json
@@ -118,7 +119,9 @@ def test_metrics_come_from_the_core(server):
 
 
 # ---- the core's process: death, start-up failure, shutdown ----------------------------------
-def test_a_killed_core_fails_requests_with_503_and_health_says_so(tiny):
+def test_a_killed_core_ends_the_streams_and_the_server_exits_1(tiny):
+    """A core that died cannot serve again: the stream gets an error event, and the server
+    exits non-zero (a supervisor restarts it) instead of answering 503 for ever."""
     server = ServerProcess(server_args(tiny)).start()
     try:
         pid = server.core_pid()
@@ -134,15 +137,10 @@ def test_a_killed_core_fails_requests_with_503_and_health_says_so(tiny):
                   if line.startswith("data: {\"error\"")]
         assert len(errors) == 1 and "killed by SIGKILL" in errors[0]["message"], rest[-3:]
         assert rest[-1] == "data: [DONE]"
-
-        health = httpx.get(server.url("/health"))
-        assert health.status_code == 503
-        assert "killed by SIGKILL" in health.json()["error"]["message"]
-        for path, req in (("/v1/chat/completions", chat_body(max_tokens=3)),
-                          ("/v1/completions", {"model": "tiny", "prompt": "tap", "max_tokens": 3})):
-            r = httpx.post(server.url(path), json=req, timeout=30)
-            assert r.status_code == 503 and r.json()["error"]["type"] == "server_error", r.text
-        assert "the engine core stopped" in server.log()
+        assert server.proc.wait(30) == 1
+        log = server.log()
+        assert "the engine core stopped" in log and "exits with status 1" in log
+        assert "Traceback" not in log
     finally:
         server.stop()
     assert not wait_gone(server)
@@ -160,6 +158,30 @@ def test_sigterm_stops_the_core_process_too(tiny):
     assert code == 0, server.log()
     assert not wait_gone(server), "the server left processes behind"
     assert "Traceback" not in server.log()
+
+
+def test_sigterm_ends_streams_left_at_the_shutdown_timeout_with_an_error(tiny):
+    """A stream still running when --shutdown-timeout runs out ends with an error event and
+    [DONE], not a cut-off body; no traceback, exit 0."""
+    server = ServerProcess(server_args(tiny, "--shutdown-timeout", "0.3")).start()
+    try:
+        body = chat_body(max_tokens=MAX_LEN - 64, ignore_eos=True, stream=True)
+        with httpx.stream("POST", server.url("/v1/chat/completions"), json=body,
+                          timeout=60) as r:
+            lines = r.iter_lines()
+            for _ in range(3):
+                next(line for line in lines if line.startswith("data: "))
+            server.proc.send_signal(signal.SIGTERM)
+            rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]"
+        error = json.loads(rest[-2][6:])["error"]
+        assert "shutting down" in error["message"] and error["type"] == "server_error"
+        assert not any('"finish_reason": "length"' in line for line in rest)
+    finally:
+        code = server.stop(signal.SIGTERM)
+    assert code == 0, server.log()
+    assert "Traceback" not in server.log() and "CancelledError" not in server.log()
+    assert not wait_gone(server)
 
 
 def test_a_core_that_cannot_start_fails_the_server_start_with_its_reason(tiny):

@@ -84,6 +84,44 @@ CASES = [
      None, "limit"),
     ("unknown route", "POST", "/v1/embeddingz", {}, None, 404, None, None),
     ("wrong method", "GET", CHAT, None, None, 405, None, None),
+    # hostile values that once stopped the engine, queued forever or were ignored (issue 16)
+    ("seed 2^64", "POST", CHAT, chat(seed=2**64), None, 400, "seed", "seed"),
+    ("seed 2^64, completions", "POST", COMP, {"prompt": "hi", "seed": 2**64}, None, 400, "seed",
+     None),
+    ("seed below int64", "POST", CHAT, chat(seed=-2**63 - 1), None, 400, "seed", None),
+    ("n 100000", "POST", CHAT, chat(n=100000), None, 400, "n", "--max-n"),
+    ("n 100000, completions", "POST", COMP, {"prompt": "hi", "n": 100000}, None, 400, "n", None),
+    ("n x prompts over the queue", "POST", COMP, {"prompt": ["hi"] * 40, "n": 4}, None, 400,
+     "n", "sequences"),
+    ("best_of > n", "POST", COMP, {"prompt": "hi", "best_of": 3}, None, 400, "best_of", None),
+    ("temperature Infinity", "POST", CHAT,
+     b'{"messages": [{"role": "user", "content": "hi"}], "temperature": Infinity}', None, 400,
+     "temperature", "finite"),
+    ("top_p NaN", "POST", COMP, b'{"prompt": "hi", "top_p": NaN}', None, 400, "top_p", None),
+    ("lone surrogate in a message", "POST", CHAT,
+     b'{"messages": [{"role": "user", "content": "a\\ud800b"}], "max_tokens": 2}', None, 400,
+     "messages.0.content", "surrogate"),
+    ("lone surrogate in a text part", "POST", CHAT,
+     b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]}',
+     None, 400, "messages.0.content.0.text", "surrogate"),
+    ("lone surrogate in a prompt", "POST", COMP, b'{"prompt": "\\ud800"}', None, 400, "prompt",
+     "surrogate"),
+    ("logit_bias", "POST", CHAT, chat(logit_bias={"42": 5}), None, 400, "logit_bias",
+     "not supported"),
+    ("tool_choice always", "POST", CHAT, chat(tool_choice="always"), None, 400, "tool_choice",
+     None),
+    ("tool_choice required", "POST", CHAT, chat(tool_choice="required"), None, 400,
+     "tool_choice", "not supported"),
+    ("response_format xml", "POST", CHAT, chat(response_format={"type": "xml"}), None, 400,
+     "response_format.type", None),
+    ("response_format json_object", "POST", CHAT, chat(response_format={"type": "json_object"}),
+     None, 400, "response_format.type", "not supported"),
+    ("max_tokens beyond the context", "POST", CHAT, chat(max_tokens=MAX_LEN), None, 400,
+     "max_tokens", "maximum context length"),
+    ("max_completion_tokens beyond the context", "POST", CHAT,
+     chat(max_completion_tokens=MAX_LEN), None, 400, "max_completion_tokens", None),
+    ("max_tokens beyond the context, completions", "POST", COMP,
+     {"prompt": "hi", "max_tokens": 10**6}, None, 400, "max_tokens", None),
     ("detokenize out of vocab", "POST", "/detokenize", {"tokens": [-1]}, None, 400, "tokens",
      None),
     ("tokenize nothing", "POST", "/tokenize", {}, None, 400, "prompt", None),
@@ -94,7 +132,8 @@ CASES = [
 def server():
     yield from server_fixture(["--max-model-len", str(MAX_LEN), "--api-key", KEY,
                                "--max-request-body-mb", "1", "--max-num-seqs", "2",
-                               "--max-waiting-requests", "2", "--kv-cache-memory-gib", "0.25"],
+                               "--max-waiting-requests", "2", "--kv-cache-memory-gib", "0.25",
+                               "--max-n", "4"],
                               api_key=KEY)
 
 
@@ -171,6 +210,25 @@ def test_openai_sdk_raises_typed_errors(server):
         openai.OpenAI(base_url=server.url("/v1"), api_key="bad").models.list()
 
 
+def test_seeds_at_the_ends_of_the_range_are_served(http):
+    """vLLM's range, int64; with n children seed + i runs past it and wraps (torch's range)."""
+    for seed in (2**63 - 1, -2**63, -1):
+        r = http.post(CHAT, json=chat(seed=seed, n=2, temperature=1.0))
+        assert r.status_code == 200, r.text
+        assert len(r.json()["choices"]) == 2
+
+
+def test_a_max_n_request_fits_beside_others(server):
+    """n at the server's --max-n (4 here) with 2 + 2 slots: served, not refused or queued
+    forever; one more sequence than the queue holds is a 400, never a lock-up."""
+    with httpx.Client(base_url=server.base_url, headers=server.headers(), timeout=120) as c:
+        r = c.post(COMP, json={"prompt": "hi", "n": 4, "max_tokens": 2})
+        assert r.status_code == 200, r.text
+        assert len(r.json()["choices"]) == 4
+        r = c.post(COMP, json={"prompt": ["hi", "yo"], "n": 3, "max_tokens": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+
+
 def test_full_queue_is_503_then_recovers(server, http):
     """2 running + 2 waiting fill this server; the next request is refused, not queued."""
     body = {"messages": OK_MSG, "max_tokens": 400, "ignore_eos": True, "stream": True}
@@ -200,6 +258,7 @@ def test_full_queue_is_503_then_recovers(server, http):
     assert r.status_code == 503, r.text
     assert r.json()["error"]["type"] == "server_error"
     assert "capacity" in r.json()["error"]["message"]
+    assert r.headers["retry-after"] == "1"
     assert server.healthy()
     _good_request_works(http)
 

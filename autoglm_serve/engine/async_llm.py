@@ -25,7 +25,7 @@ from autoglm_serve.engine.frontend import Frontend
 from autoglm_serve.engine.input_processor import PreparedPrompt
 from autoglm_serve.engine.model_setup import resolve
 from autoglm_serve.engine.output_collector import RequestOutputCollector
-from autoglm_serve.outputs import RequestOutput
+from autoglm_serve.outputs import RequestError, RequestOutput
 from autoglm_serve.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -37,6 +37,14 @@ class QueueFullError(RuntimeError):
 
 class EngineDeadError(RuntimeError):
     """The engine core stopped; the server cannot serve any more."""
+
+
+class RequestFailedError(RuntimeError):
+    """The engine failed this one request (engine/fault_isolation.py) and serves on."""
+
+    def __init__(self, error: RequestError):
+        super().__init__(error.message)
+        self.error = error
 
 
 class AsyncLLM:
@@ -60,6 +68,7 @@ class AsyncLLM:
         self.tokenizer = self.frontend.tokenizer
         self.stats = CoreStats()
         self.dead: BaseException | None = None
+        self.on_dead = None     # called on the event loop once the core has stopped (server)
         self._collectors: dict[str, RequestOutputCollector] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         # core outputs that arrived while the event loop was busy: handled in one go
@@ -111,8 +120,13 @@ class AsyncLLM:
         try:
             while True:
                 item = await collector.get()
+                if isinstance(item, EngineDeadError):
+                    raise item
                 if isinstance(item, BaseException):
                     raise EngineDeadError(f"the engine stopped: {item!r}") from item
+                if item.error is not None:
+                    finished = True
+                    raise RequestFailedError(item.error)
                 yield item
                 if item.finished:
                     finished = True
@@ -164,6 +178,13 @@ class AsyncLLM:
             if collector is not None:
                 collector.put(out)
 
-    def _fail_all(self, exc: BaseException) -> None:
+    def stop_requests(self, reason: str) -> None:
+        """Ends every request in flight with EngineDeadError(reason) (a server shutting
+        down); the core is told to abort them as their streams close."""
+        self._fail_all(EngineDeadError(reason), report=False)
+
+    def _fail_all(self, exc: BaseException, report: bool = True) -> None:
         for collector in self._collectors.values():
             collector.put(exc)
+        if report and self.on_dead is not None:
+            self.on_dead()

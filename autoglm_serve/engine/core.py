@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from autoglm_serve.config import EngineConfig
+from autoglm_serve.engine.fault_isolation import FaultIsolation, is_fatal
 from autoglm_serve.engine.kv_cache import KVCacheManager
 from autoglm_serve.engine.model_setup import LoadedModel, load_model, text_config
 from autoglm_serve.engine.request import Request, RequestStatus
@@ -20,6 +21,7 @@ from autoglm_serve.engine.runner import InFlightStep, ModelRunner
 from autoglm_serve.engine.scheduler import Scheduler
 from autoglm_serve.engine.sampler import SamplerOutput, make_generator
 from autoglm_serve.models.layers.attention import AttentionBackend
+from autoglm_serve.outputs import RequestError
 
 logger = logging.getLogger(__name__)
 
@@ -45,13 +47,14 @@ class CoreOutput:
     num_cached_tokens: int | None = None
     first_scheduled_time: float | None = None
     num_preemptions: int = 0
+    error: RequestError | None = None   # with finish_reason "error": why it was failed
 
     def __reduce__(self):
         # a tuple, not the instance dict: several times cheaper to pickle, and a server core
         # process sends one of these per running request per step
         return CoreOutput, (self.request_id, self.new_token_ids, self.logprobs,
                             self.finish_reason, self.stop_reason, self.num_cached_tokens,
-                            self.first_scheduled_time, self.num_preemptions)
+                            self.first_scheduled_time, self.num_preemptions, self.error)
 
 
 @dataclass
@@ -111,6 +114,8 @@ class EngineCore:
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill, self.max_model_len)
         self._inflight: InFlightStep | None = None
+        self.isolation = FaultIsolation(self.max_num_batched_tokens)
+        self._failed: list[CoreOutput] = []     # requests failed outside a step's outputs
         self.requests: dict[str, Request] = {}
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
@@ -215,13 +220,24 @@ class EngineCore:
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
+        """A request the core cannot take (its image does not lay out, its seed does not
+        seed) is failed alone; its error comes out of the next step."""
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
-        if request.seed is not None and request.generator is None:
-            # made here, on the logits' device: the front-end may have no access to it
-            request.generator = make_generator(request.seed, self.device)
-        for item in request.mm_items:
-            item.lay_out(self.device)
+        try:
+            if request.seed is not None and request.generator is None:
+                # made here, on the logits' device: the front-end may have no access to it
+                request.generator = make_generator(request.seed, self.device)
+            for item in request.mm_items:
+                item.lay_out(self.device)
+        except Exception as exc:
+            if is_fatal(exc):
+                raise
+            logger.error("request %s cannot be added: %s: %s", request.request_id,
+                         type(exc).__name__, exc)
+            self._failed.append(CoreOutput(request.request_id, [], None, "error", error=RequestError(
+                f"the engine could not take this request ({type(exc).__name__}: {exc})")))
+            return
         self.requests[request.request_id] = request
         self.scheduler.add(request)
         self.num_prompt_tokens_total += request.num_prompt_tokens
@@ -236,10 +252,46 @@ class EngineCore:
         return aborted
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or self._inflight is not None
+        return (self.scheduler.has_unfinished() or self._inflight is not None
+                or bool(self._failed))
 
     # ---- the step -------------------------------------------------------------------------
     def step(self) -> list[CoreOutput]:
+        """One step (engine/fault_isolation.py: after a failed step, its requests one at a
+        time), and the requests that failed since the last."""
+        outputs = self._isolated_step() if self.isolation.isolating else self._batched_step()
+        if self._failed:
+            outputs, self._failed = self._failed + outputs, []
+        return outputs
+
+    def _fail(self, req: Request, error: RequestError) -> None:
+        self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
+        self.requests.pop(req.request_id, None)
+        self._failed.append(CoreOutput(req.request_id, [], None, "error", error=error))
+
+    def _isolated_step(self) -> list[CoreOutput]:
+        """The first suspect alone, completed at once (nothing else in flight)."""
+        outputs = self._complete(self._inflight) if self._inflight is not None else []
+        self._inflight = None
+        req = self.isolation.next_suspect()
+        if req is None:
+            return outputs
+        sched = self.scheduler.schedule_alone(req, self.isolation.chunk)
+        if sched.is_empty:      # nothing to run alone (its blocks do not fit): not guilty
+            self.isolation.suspect_passed()
+            return outputs
+        try:
+            launched = self.runner.launch(sched.scheduled)
+        except Exception as exc:
+            error = self.isolation.suspect_failed(exc, sched.num_batched_tokens)
+            if error is not None:
+                self._fail(req, error)
+            return outputs
+        self.scheduler.update_after_launch(sched.scheduled)
+        self.isolation.suspect_passed()
+        return outputs + self._complete(launched)
+
+    def _batched_step(self) -> list[CoreOutput]:
         """Launches the next batch, then completes the one launched before it.
 
         With async scheduling the host schedules and prepares step N+1 while the device still
@@ -250,8 +302,16 @@ class EngineCore:
         sched = self.scheduler.schedule()
         launched = None
         if not sched.is_empty:
-            launched = self.runner.launch(sched.scheduled)
-            self.scheduler.update_after_launch(sched.scheduled)
+            try:
+                launched = self.runner.launch(sched.scheduled)
+            except Exception as exc:    # nothing of it was recorded: its requests run again
+                requests = [s.request for s in sched.scheduled]
+                error = self.isolation.step_failed(requests, exc, sched.num_batched_tokens)
+                if error is not None:
+                    self._fail(requests[0], error)
+            else:
+                self.scheduler.update_after_launch(sched.scheduled)
+                self.isolation.steps_succeeded()
         outputs = self._complete(self._inflight) if self._inflight is not None else []
         self._inflight = launched
         if launched is not None and (launched.needs_sync or not self.config.async_scheduling):

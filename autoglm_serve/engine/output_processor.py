@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from autoglm_serve.engine.core import CoreOutput
 from autoglm_serve.engine.detokenizer import IncrementalDetokenizer
 from autoglm_serve.engine.request import Request
-from autoglm_serve.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from autoglm_serve.outputs import (CompletionOutput, Logprob, RequestError, RequestMetrics,
+                                   RequestOutput)
 
 
 @dataclass
@@ -35,6 +36,7 @@ class RequestState:
     metrics: RequestMetrics
     num_cached_tokens: int = 0
     num_unfinished: int = 0           # children without a finish reason, counted as they end
+    error: RequestError | None = None  # the core failed one of its children: all of it fails
 
     @property
     def finished(self) -> bool:
@@ -87,6 +89,10 @@ class OutputProcessor:
             state, child = entry
             if child.finish_reason is not None:
                 continue
+            if out.error is not None:
+                to_abort += self._fail(state, out.error, out.request_id)
+                touched[state.request_id] = state
+                continue
             metrics = state.metrics
             if metrics.first_token_time is None:
                 metrics.first_token_time = now
@@ -122,6 +128,19 @@ class OutputProcessor:
             if finished or not s.final_only:
                 results.append(self._make_output(s, finished))
         return results, to_abort
+
+    @staticmethod
+    def _fail(state: RequestState, error: RequestError, failed_id: str) -> list[str]:
+        """Ends every child of a request the core failed one child of; returns the others'
+        ids, which the core still runs."""
+        state.error = error
+        running = []
+        for child_id, child in state.children.items():
+            if child.finish_reason is None:
+                state.finish(child, "error", None)
+                if child_id != failed_id:
+                    running.append(child_id)
+        return running
 
     def abort(self, request_id: str) -> list[str]:
         """Marks a request aborted; returns its child ids for the core."""
@@ -172,4 +191,5 @@ class OutputProcessor:
                                                 child.stop_reason, logprobs,
                                                 child.cumulative_logprob))
         return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids, completions,
-                             finished, state.metrics, state.num_cached_tokens, num_preemptions)
+                             finished, state.metrics, state.num_cached_tokens, num_preemptions,
+                             error=state.error)

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from autoglm_serve.engine.fault_injection import FaultInjector
 from autoglm_serve.engine.host_transfer import to_device
 from autoglm_serve.engine.kv_cache import BlockTable
 from autoglm_serve.engine.request import Request
@@ -104,6 +105,7 @@ class ModelRunner:
         self.block_table: BlockTable | None = None      # the KV manager's, set by the core
         self._prev_tokens: torch.Tensor | None = None   # the last launched step's samples
         self._prev_rows: dict[str, int] = {}
+        self.faults = FaultInjector.from_env()      # None unless a test asks for faults
 
     # ---- KV cache -------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:
@@ -278,6 +280,8 @@ class ModelRunner:
     def launch(self, scheduled: list[ScheduledRequest]) -> InFlightStep:
         """Queues the step on the device and returns without waiting for it."""
         self.bind_kv_cache()
+        if self.faults is not None:
+            self.faults.check(scheduled)
         hb = self.prepare_host(scheduled)
         logits = self._logits(hb)
         if logits is None:

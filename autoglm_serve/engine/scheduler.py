@@ -139,6 +139,16 @@ class Scheduler:
         out.num_batched_tokens = self.max_num_batched_tokens - budget
         return out
 
+    def schedule_alone(self, req: Request, budget: int) -> SchedulerOutput:
+        """A step of this running request alone, at most ``budget`` tokens of it (fault
+        isolation runs a suspect so); empty when it owes nothing or its blocks do not fit."""
+        out = SchedulerOutput()
+        n = min(len(req.all_token_ids) + req.num_inflight - req.num_computed_tokens, budget)
+        if req.status is RequestStatus.RUNNING and n > 0 and self.kv.allocate(req, n):
+            out.scheduled.append(ScheduledRequest(req, n))
+            out.num_batched_tokens = n
+        return out
+
     def _ends_with_inflight(self, req: Request) -> bool:
         """Whether the length limits end the request once its in-flight token lands."""
         return (len(req.output_token_ids) + req.num_inflight >= req.max_tokens

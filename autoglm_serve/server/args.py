@@ -28,6 +28,8 @@ class ServerSettings:
     api_key: str | None = None
     max_request_body_bytes: int = int(DEFAULT_MAX_BODY_MB * 2**20)
     max_waiting_requests: int = 4096
+    max_n: int = 128
+    max_queued_tokens: int | None = None      # None: 4 x the KV cache's tokens
     reasoning_parser: str | None = None
     allowed_local_media_path: str | None = None
     uvicorn_log_level: str = "info"
@@ -155,7 +157,13 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     s.add_argument("--max-request-body-mb", type=float, default=DEFAULT_MAX_BODY_MB,
                    help="larger bodies are refused with 413 before being parsed")
     s.add_argument("--max-waiting-requests", type=int, default=4096,
-                   help="requests beyond max_num_seqs + this are refused with 503")
+                   help="sequences (n per prompt) beyond max_num_seqs + this are refused "
+                        "with 503 and Retry-After")
+    s.add_argument("--max-queued-tokens", type=int, default=None,
+                   help="prompt tokens (n x prompt) the server holds in flight; beyond it 503 "
+                        "with Retry-After (default: 4 x the KV cache's tokens)")
+    s.add_argument("--max-n", type=int, default=128,
+                   help="the largest n (and best_of) a request may ask for (OpenAI's is 128)")
     s.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
     s.add_argument("--enable-access-log", action="store_true",
@@ -167,8 +175,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="no periodic log line on the engine's pace")
     s.add_argument("--log-stats-interval", type=float, default=5.0,
                    help="seconds between the engine's log lines while it works")
-    s.add_argument("--graceful-shutdown-timeout", type=float, default=30.0,
-                   help="seconds in-flight requests get to finish after SIGTERM")
+    s.add_argument("--shutdown-timeout", "--graceful-shutdown-timeout", type=float,
+                   default=30.0, dest="graceful_shutdown_timeout",
+                   help="seconds in-flight requests get to finish after SIGTERM; those still "
+                        "running then end with an error event")
     return p
 
 
@@ -206,6 +216,10 @@ def _check_supported(args: argparse.Namespace) -> None:
         raise ValueError("--max-request-body-mb must be > 0")
     if args.max_waiting_requests < 0:
         raise ValueError("--max-waiting-requests must be >= 0")
+    if args.max_n < 1:
+        raise ValueError("--max-n must be >= 1")
+    if args.max_queued_tokens is not None and args.max_queued_tokens < 1:
+        raise ValueError("--max-queued-tokens must be >= 1")
     if not 0 < args.port < 65536:
         raise ValueError(f"--port {args.port} is not a TCP port")
 
@@ -249,7 +263,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         host=args.host, port=args.port,
         served_model_names=args.served_model_name or [default_served_name(model_from_args(args))],
         api_key=args.api_key, max_request_body_bytes=int(args.max_request_body_mb * 2**20),
-        max_waiting_requests=args.max_waiting_requests, reasoning_parser=args.reasoning_parser,
+        max_waiting_requests=args.max_waiting_requests, max_n=args.max_n,
+        max_queued_tokens=args.max_queued_tokens, reasoning_parser=args.reasoning_parser,
         allowed_local_media_path=args.allowed_local_media_path,
         uvicorn_log_level=args.uvicorn_log_level, access_log=args.enable_access_log,
         graceful_shutdown_timeout=args.graceful_shutdown_timeout,

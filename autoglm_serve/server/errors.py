@@ -22,8 +22,10 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
 
 class OpenAIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None, type: str | None = None):
+                 code: str | None = None, type: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
+        self.headers = headers or {}
         self.status = status
         self.message = message
         self.param = param
@@ -35,7 +37,8 @@ class OpenAIError(Exception):
                           "code": self.code}}
 
     def response(self) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+        headers = {"WWW-Authenticate": "Bearer", **self.headers} if self.status == 401 \
+            else self.headers
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
     def sse(self) -> str:

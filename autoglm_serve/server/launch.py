@@ -1,8 +1,5 @@
-"""Starting the server: check the port, load the engine, print what was built, run uvicorn.
-
-SIGTERM/SIGINT are uvicorn's: it stops accepting, lets in-flight requests finish within
---graceful-shutdown-timeout, then the lifespan shuts the engine down and the process exits 0.
-"""
+"""Starting the server: check the port, load the engine, print what was built, run uvicorn
+(server/shutdown.py says how it stops: drained on SIGTERM, status 1 when the engine dies)."""
 from __future__ import annotations
 
 import argparse
@@ -71,6 +68,7 @@ async def _serve(engine, settings: ServerSettings, sock: socket.socket) -> None:
 
     from autoglm_serve.server.app import build_app
     from autoglm_serve.server.gpu_stats import GpuStats
+    from autoglm_serve.server.shutdown import DrainingServer
 
     device = torch.device(engine.info.device)
     gpu = GpuStats.open([device.index or 0]) if device.type == "cuda" else None
@@ -87,13 +85,13 @@ async def _serve(engine, settings: ServerSettings, sock: socket.socket) -> None:
 
     app.router.lifespan_context = lifespan
     config = uvicorn.Config(app, log_level=settings.uvicorn_log_level,
-                            access_log=settings.access_log,
-                            timeout_graceful_shutdown=settings.graceful_shutdown_timeout,
-                            timeout_keep_alive=30, log_config=None)
+                            access_log=settings.access_log, timeout_keep_alive=30,
+                            log_config=None)
     # uvicorn re-raises a captured SIGTERM after its graceful shutdown; a no-op handler makes
     # that re-raise harmless, so a SIGTERM'd server that drained cleanly exits 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    await uvicorn.Server(config).serve(sockets=[sock])
+    await DrainingServer(config, engine, settings.graceful_shutdown_timeout).serve(
+        sockets=[sock])
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -132,4 +130,7 @@ def run_server(args: argparse.Namespace) -> int:
     gc.collect()
     gc.freeze()
     asyncio.run(_serve(engine, settings, sock))
+    if engine.dead is not None:
+        print(f"error: the engine core stopped: {engine.dead}", file=sys.stderr)
+        return 1
     return 0

@@ -1,12 +1,19 @@
 """What chat and completions share: the model check, sampling settings, admission, tokenizing
-off the event loop for long prompts, and the engine stream with its metrics and abort."""
+off the event loop for long prompts, and the engine stream with its metrics and abort.
+
+Admission counts what a request puts in the engine's queue, not requests: its sequences (n per
+prompt) and their prompt tokens. A request larger than the whole queue is a 400 (it could never
+run); one that does not fit now is a 503 with Retry-After, so one client's n=100000 or burst of
+huge prompts cannot lock everybody else out.
+"""
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import AsyncIterator
 
-from autoglm_serve.engine.async_llm import AsyncLLM, EngineDeadError, QueueFullError
+from autoglm_serve.engine.async_llm import (AsyncLLM, EngineDeadError, QueueFullError,
+                                            RequestFailedError)
 from autoglm_serve.outputs import RequestOutput
 from autoglm_serve.sampling_params import SamplingParams
 from autoglm_serve.server.args import ServerSettings
@@ -18,6 +25,7 @@ from autoglm_serve.server.protocol import _SamplingFields
 # does not stall every other stream on the event loop; short ones are cheaper inline.
 _THREAD_TOKENIZE_CHARS = 8192
 _DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+RETRY_AFTER_S = 1
 
 
 class Serving:
@@ -32,7 +40,11 @@ class Serving:
                             if settings.use_generation_config else {}),
                          **settings.generation_overrides}
         self.default_max_tokens: int | None = self.defaults.get("max_new_tokens")
-        self.max_in_flight = engine.info.max_num_seqs + settings.max_waiting_requests
+        self.max_sequences = engine.info.max_num_seqs + settings.max_waiting_requests
+        self.max_queued_tokens = settings.max_queued_tokens or max(
+            4 * engine.info.kv_tokens, 2 * self.max_model_len)
+        self.num_sequences = 0          # admitted and not yet finished: what the queue holds
+        self.num_queued_tokens = 0
 
     def model_name(self, requested: str | None) -> str:
         if requested is None or requested == "":
@@ -45,6 +57,9 @@ class Serving:
                         logprobs: int | None, renames: dict[str, str] | None = None
                         ) -> SamplingParams:
         """The request's fields over the model's generation_config.json defaults."""
+        if req.n > self.settings.max_n:
+            raise bad_request(f"n must be at most {self.settings.max_n} on this server "
+                              f"(--max-n), got {req.n}", "n")
         values = {k: getattr(req, k) if getattr(req, k) is not None else self.defaults.get(k)
                   for k in _DEFAULTED}
         values = {k: v for k, v in values.items() if v is not None}
@@ -66,12 +81,25 @@ class Serving:
             raise bad_request("stream_options is only allowed when stream is true",
                               "stream_options")
 
-    def admit(self) -> None:
+    def admit(self, num_sequences: int, num_tokens: int) -> Admission:
+        """Reserves queue room for a request's sequences and prompt tokens (released when its
+        streams close), or refuses it."""
         if self.engine.dead is not None:
             raise OpenAIError(503, "the engine has stopped; the server must be restarted")
-        if self.engine.num_unfinished >= self.max_in_flight:
-            raise OpenAIError(503, f"the server is at capacity ({self.engine.num_unfinished} "
-                              "requests in flight); retry later", code="queue_full")
+        if num_tokens > self.max_queued_tokens:
+            raise bad_request(f"this request puts {num_tokens} prompt tokens in the queue "
+                              f"(n x the prompts), over the server's limit of "
+                              f"{self.max_queued_tokens} (--max-queued-tokens)", "n")
+        if num_sequences > self.max_sequences:
+            raise bad_request(f"this request asks for {num_sequences} sequences, over the "
+                              f"server's limit of {self.max_sequences} (--max-num-seqs + "
+                              "--max-waiting-requests)", "n")
+        if self.num_sequences + num_sequences > self.max_sequences \
+                or self.num_queued_tokens + num_tokens > self.max_queued_tokens:
+            raise OpenAIError(503, f"the server is at capacity ({self.num_sequences} sequences, "
+                              f"{self.num_queued_tokens} prompt tokens in flight); retry later",
+                              code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
+        return Admission(self, num_sequences, num_tokens)
 
     async def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         if len(text) > _THREAD_TOKENIZE_CHARS:
@@ -79,7 +107,10 @@ class Serving:
                                            add_special_tokens=add_special_tokens)
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
-    def check_length(self, token_ids: list[int], param: str) -> None:
+    def check_length(self, token_ids: list[int], param: str,
+                     max_tokens: tuple[str, int] | None = None) -> None:
+        """max_tokens: the (field, value) the client asked for, which must fit beside the
+        prompt (as vLLM answers); a server default is clamped to the room left instead."""
         if not token_ids:
             raise bad_request("the prompt is empty", param)
         if len(token_ids) >= self.max_model_len:
@@ -87,32 +118,78 @@ class Serving:
                 f"This model's maximum context length is {self.max_model_len} tokens, but the "
                 f"prompt has {len(token_ids)} tokens (the prompt plus at least one generated "
                 "token must fit). Shorten the prompt.", param)
+        if max_tokens is not None and len(token_ids) + max_tokens[1] > self.max_model_len:
+            field, value = max_tokens
+            raise bad_request(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"you requested {len(token_ids) + value} tokens ({len(token_ids)} in the prompt, "
+                f"{value} in the completion). Reduce the prompt or {field}.", field)
 
     async def start(self, request_id: str, token_ids: list[int], params: SamplingParams,
-                    param: str, **mm) -> RequestStream:
+                    param: str, admission: Admission, **mm) -> RequestStream:
         """Adds the request and waits for its first output, so that every engine refusal
-        becomes an HTTP status before a response (or a stream) begins."""
-        self.admit()
+        becomes an HTTP status before a response (or a stream) begins. The stream holds a
+        share of the admission, given back when it closes."""
         gen = self.engine.generate(request_id, token_ids, params, add_special_tokens=False, **mm)
         try:
             first = await gen.__anext__()
         except QueueFullError as exc:
             raise OpenAIError(503, str(exc), code="queue_full") from exc
-        except EngineDeadError as exc:
-            raise OpenAIError(503, str(exc)) from exc
+        except (EngineDeadError, RequestFailedError) as exc:
+            raise stream_error(exc) from exc
         except ValueError as exc:
             raise bad_request(str(exc), param) from exc
-        return RequestStream(gen, first, self.metrics, len(token_ids))
+        share = admission.share(params.n, params.n * len(token_ids))
+        return RequestStream(gen, first, self.metrics, len(token_ids), share)
+
+
+def stream_error(exc: EngineDeadError | RequestFailedError | OpenAIError) -> OpenAIError:
+    """What the client is told when the engine fails its request, before or during a stream:
+    out of memory (the same request may fit later) and a stopped engine are 503, another
+    failure of this request 500."""
+    if isinstance(exc, OpenAIError):
+        return exc
+    if isinstance(exc, RequestFailedError):
+        if exc.error.out_of_memory:
+            return OpenAIError(503, exc.error.message, code="out_of_memory",
+                               headers={"Retry-After": str(RETRY_AFTER_S)})
+        return OpenAIError(500, exc.error.message, code="request_failed")
+    return OpenAIError(503, str(exc))
+
+
+class Admission:
+    """A request's reserved queue room; each of its streams takes a share and gives it back
+    on close, and what no stream took is given back by ``release`` (a refusal midway)."""
+
+    def __init__(self, serving: Serving, num_sequences: int, num_tokens: int):
+        self.serving = serving
+        self.num_sequences, self.num_tokens = num_sequences, num_tokens
+        serving.num_sequences += num_sequences
+        serving.num_queued_tokens += num_tokens
+
+    def share(self, num_sequences: int, num_tokens: int) -> Admission:
+        self.num_sequences -= num_sequences
+        self.num_tokens -= num_tokens
+        part = Admission.__new__(Admission)
+        part.serving, part.num_sequences, part.num_tokens = (self.serving, num_sequences,
+                                                             num_tokens)
+        return part
+
+    def release(self) -> None:
+        self.serving.num_sequences -= self.num_sequences
+        self.serving.num_queued_tokens -= self.num_tokens
+        self.num_sequences = self.num_tokens = 0
 
 
 class RequestStream:
     """The engine's outputs for one request; records metrics and aborts if left early."""
 
     def __init__(self, gen: AsyncIterator[RequestOutput], first: RequestOutput,
-                 metrics: ServerMetrics, num_prompt_tokens: int):
+                 metrics: ServerMetrics, num_prompt_tokens: int, admission: Admission):
         self.gen = gen
         self.first: RequestOutput | None = first
         self.metrics = metrics
+        self.admission = admission
         self.num_prompt_tokens = num_prompt_tokens
         self.num_output_tokens = 0
         self.finish_reason: str | None = None
@@ -154,6 +231,7 @@ class RequestStream:
         if self._closed:
             return
         self._closed = True
+        self.admission.release()
         await self.gen.aclose()
         if self.finish_reason is None:
             self.finish_reason = "abort"

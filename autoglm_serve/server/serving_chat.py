@@ -6,7 +6,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 
-from autoglm_serve.engine.async_llm import EngineDeadError
+from autoglm_serve.engine.async_llm import EngineDeadError, RequestFailedError
 from autoglm_serve.multimodal.media import MediaError
 from autoglm_serve.outputs import Logprob
 from autoglm_serve.server.chat import RenderedPrompt, render_messages
@@ -17,7 +17,7 @@ from autoglm_serve.server.protocol import (ChatChoice, ChatCompletionRequest,
                                            TopLogprob, Usage, random_id)
 from autoglm_serve.server.reasoning import (ReasoningSplitter, prompt_opens_thinking,
                                             split_reasoning)
-from autoglm_serve.server.serving import RequestStream, Serving
+from autoglm_serve.server.serving import RequestStream, Serving, stream_error
 
 
 def chat_logprobs(entries: list[dict[int, Logprob]], token_ids: list[int], top_n: int
@@ -88,18 +88,28 @@ class ChatHandler:
             and s.settings.chat_template_content_format != "string")
         token_ids = await s.tokenize(rendered.prompt, add_special_tokens=False)
         token_ids, mm = await self._multimodal_inputs(rendered, token_ids)
-        s.check_length(token_ids, "messages")
+        asked = ("max_completion_tokens", req.max_completion_tokens) \
+            if req.max_completion_tokens is not None \
+            else ("max_tokens", req.max_tokens) if req.max_tokens is not None else None
+        s.check_length(token_ids, "messages", asked)
         split = req.return_reasoning if req.return_reasoning is not None \
             else s.settings.reasoning_parser is not None
         in_reasoning = split and prompt_opens_thinking(rendered.prompt)
         request_id = random_id("chatcmpl")
-        stream = await s.start(request_id, token_ids, params, "messages", **mm)
+        admission = s.admit(params.n, params.n * len(token_ids))
+        try:
+            stream = await s.start(request_id, token_ids, params, "messages", admission, **mm)
+        finally:
+            admission.release()     # what the stream did not take: nothing, or all on failure
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return self._sse(stream, request_id, model, params.n, split, in_reasoning,
                              req.top_logprobs or 0 if req.logprobs else None, include_usage)
-        return await self._collect(stream, request_id, model, params.n, split, in_reasoning,
-                                   req.top_logprobs or 0 if req.logprobs else None)
+        try:
+            return await self._collect(stream, request_id, model, params.n, split, in_reasoning,
+                                       req.top_logprobs or 0 if req.logprobs else None)
+        except (EngineDeadError, RequestFailedError) as exc:
+            raise stream_error(exc) from exc
 
     async def _collect(self, stream: RequestStream, request_id: str, model: str, n: int,
                        split: bool, in_reasoning: bool, top_n: int | None
@@ -181,9 +191,8 @@ class ChatHandler:
                          "total_tokens": prompt + completion_tokens}
                 yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
             yield "data: [DONE]\n\n"
-        except (OpenAIError, EngineDeadError) as exc:  # after the stream began: say so in-stream
-            err = exc if isinstance(exc, OpenAIError) else OpenAIError(503, str(exc))
-            yield err.sse()
+        except (OpenAIError, EngineDeadError, RequestFailedError) as exc:  # after the stream began: say so in-stream
+            yield stream_error(exc).sse()
             yield "data: [DONE]\n\n"
         finally:
             await stream.close()

@@ -6,13 +6,13 @@ import json
 import time
 from collections.abc import AsyncIterator
 
-from autoglm_serve.engine.async_llm import EngineDeadError
+from autoglm_serve.engine.async_llm import EngineDeadError, RequestFailedError
 from autoglm_serve.outputs import Logprob, RequestOutput
 from autoglm_serve.server.errors import OpenAIError, bad_request
 from autoglm_serve.server.protocol import (CompletionChoice, CompletionLogprobs,
                                            CompletionRequest, CompletionResponse, Usage,
                                            random_id)
-from autoglm_serve.server.serving import RequestStream, Serving
+from autoglm_serve.server.serving import RequestStream, Serving, stream_error
 
 
 def completion_logprobs(entries: list[dict[int, Logprob]], token_ids: list[int], top_n: int,
@@ -73,7 +73,8 @@ class CompletionHandler:
     def __init__(self, serving: Serving):
         self.s = serving
 
-    async def _prompts(self, req: CompletionRequest) -> list[list[int]]:
+    async def _prompts(self, req: CompletionRequest, max_tokens: tuple[str, int] | None
+                       ) -> list[list[int]]:
         p = req.prompt
         if isinstance(p, str):
             items: list = [p]
@@ -87,7 +88,7 @@ class CompletionHandler:
         for item in items:
             tokens = await self.s.tokenize(item, req.add_special_tokens) \
                 if isinstance(item, str) else list(item)
-            self.s.check_length(tokens, "prompt")
+            self.s.check_length(tokens, "prompt", max_tokens)
             ids.append(tokens)
         return ids
 
@@ -97,25 +98,35 @@ class CompletionHandler:
         s.check_stream_options(req)
         if req.echo:
             raise bad_request("echo is not supported", "echo")
+        if req.best_of is not None and req.best_of != req.n:
+            raise bad_request(f"best_of must equal n ({req.n}): choosing the best of several "
+                              "sequences is not supported", "best_of")
         # The legacy endpoint's default is 16 tokens (OpenAI, vLLM), unless the server says.
         default = s.default_max_tokens or 16
         params = s.sampling_params(req, max_tokens=req.max_tokens if "max_tokens" in
                                    req.model_fields_set else default, logprobs=req.logprobs)
-        prompts = await self._prompts(req)
+        explicit = "max_tokens" in req.model_fields_set and req.max_tokens is not None
+        prompts = await self._prompts(req, ("max_tokens", req.max_tokens) if explicit else None)
         request_id = random_id("cmpl")
         streams: list[RequestStream] = []
+        admission = s.admit(params.n * len(prompts), params.n * sum(map(len, prompts)))
         try:
             for i, ids in enumerate(prompts):
                 rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-                streams.append(await s.start(rid, ids, params, "prompt"))
+                streams.append(await s.start(rid, ids, params, "prompt", admission))
         except BaseException:
             for st in streams:
                 await st.close()
             raise
+        finally:
+            admission.release()
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return self._sse(streams, request_id, model, params.n, req.logprobs, include_usage)
-        return await self._collect(streams, request_id, model, params.n, req.logprobs)
+        try:
+            return await self._collect(streams, request_id, model, params.n, req.logprobs)
+        except (EngineDeadError, RequestFailedError) as exc:
+            raise stream_error(exc) from exc
 
     async def _collect(self, streams: list[RequestStream], request_id: str, model: str, n: int,
                        top_n: int | None) -> CompletionResponse:
@@ -174,9 +185,8 @@ class CompletionHandler:
                          "total_tokens": prompt + completion_tokens}
                 yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
             yield "data: [DONE]\n\n"
-        except (OpenAIError, EngineDeadError) as exc:
-            err = exc if isinstance(exc, OpenAIError) else OpenAIError(503, str(exc))
-            yield err.sse()
+        except (OpenAIError, EngineDeadError, RequestFailedError) as exc:
+            yield stream_error(exc).sse()
             yield "data: [DONE]\n\n"
         finally:
             for st in streams:
