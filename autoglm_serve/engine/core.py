@@ -15,6 +15,7 @@ import torch
 from autoglm_serve.config import EngineConfig
 from autoglm_serve.engine.fault_isolation import FaultIsolation, is_fatal
 from autoglm_serve.engine.kv_cache import KVCacheManager
+from autoglm_serve.engine.memory_plan import image_processor, size_kv_cache
 from autoglm_serve.engine.model_setup import LoadedModel, load_model, text_config
 from autoglm_serve.engine.request import Request, RequestStatus
 from autoglm_serve.engine.runner import InFlightStep, ModelRunner
@@ -24,8 +25,6 @@ from autoglm_serve.models.layers.attention import AttentionBackend
 from autoglm_serve.outputs import RequestError
 
 logger = logging.getLogger(__name__)
-
-CPU_DEFAULT_KV_GIB = 2.0
 
 
 @dataclass
@@ -55,18 +54,6 @@ class CoreOutput:
         return CoreOutput, (self.request_id, self.new_token_ids, self.logprobs,
                             self.finish_reason, self.stop_reason, self.num_cached_tokens,
                             self.first_scheduled_time, self.num_preemptions, self.error)
-
-
-@dataclass
-class CacheSizing:
-    num_blocks: int
-    block_size: int
-    bytes_per_block: int
-    activation_bytes: int = 0
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_blocks * self.block_size
 
 
 def select_backend(name: str, device: torch.device) -> AttentionBackend:
@@ -106,7 +93,8 @@ class EngineCore:
                                                                         self.loaded.hf_config)
         self.vocab_size = text_config(self.loaded.hf_config).vocab_size
         self.runner = self._make_runner()
-        self.cache = self._size_kv_cache()
+        self.cache = size_kv_cache(config, self.runner, self.device, self.max_model_len,
+                                   self.loaded)
         self.runner.allocate_kv_cache(self.cache.num_blocks)
         self.kv = KVCacheManager(self.cache.num_blocks, config.block_size,
                                  config.enable_prefix_caching)
@@ -135,42 +123,6 @@ class EngineCore:
         return ModelRunner(self.loaded.model, backend, self.device, self.loaded.dtype,
                            self.config.block_size, self.max_model_len, self.config.max_num_seqs,
                            self.max_num_batched_tokens, self.vocab_size)
-
-    def _size_kv_cache(self) -> CacheSizing:
-        per_block = self.runner.kv_bytes_per_block()
-        bs = self.config.block_size
-        min_blocks = (self.max_model_len + bs - 1) // bs
-        if self.config.num_kv_blocks is not None:
-            return CacheSizing(self.config.num_kv_blocks, bs, per_block)
-        if self.device.type == "cuda":
-            sizing = self._profile_cuda(per_block)
-        else:
-            gib = self.config.kv_cache_memory_gib or CPU_DEFAULT_KV_GIB
-            sizing = CacheSizing(int(gib * 2**30) // per_block, bs, per_block)
-        if sizing.num_blocks < min_blocks:
-            raise ValueError(
-                f"the KV cache holds {sizing.num_tokens} tokens, fewer than max_model_len="
-                f"{self.max_model_len}: lower max_model_len or give the cache more memory")
-        return sizing
-
-    def _profile_cuda(self, per_block: int) -> CacheSizing:
-        if self.config.kv_cache_memory_gib:
-            return CacheSizing(int(self.config.kv_cache_memory_gib * 2**30) // per_block,
-                               self.config.block_size, per_block)
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.device)
-        self.runner.allocate_kv_cache(1)
-        before = torch.cuda.memory_allocated(self.device)
-        self.runner.profile_run()
-        torch.cuda.synchronize(self.device)
-        activation = torch.cuda.max_memory_allocated(self.device) - before
-        self.runner.allocate_kv_cache(0)
-        torch.cuda.empty_cache()
-        free, total = torch.cuda.mem_get_info(self.device)
-        used = total - free
-        budget = total * self.config.gpu_memory_utilization - used - activation
-        return CacheSizing(max(0, int(budget) // per_block), self.config.block_size, per_block,
-                           activation)
 
     def warm_up(self) -> None:
         """Runs the shapes a server meets first (lone and batched prefills, mixed steps, a
@@ -201,12 +153,8 @@ class EngineCore:
         """A blank 1080x2400 screenshot, sized by the server's own image settings (the common
         phone agent's first request), through the vision tower and the prefill."""
         from PIL import Image
-
-        from autoglm_serve.multimodal.processor import MultiModalProcessor
-        hf, path = self.loaded.hf_config, self.loaded.resolved.path
-        processor = MultiModalProcessor(hf, path if path.is_dir() else None,
-                                        self.config.mm_processor_kwargs)
-        prompt = processor.build([hf.image_token_id, 0, 1],
+        processor = image_processor(self.config, self.loaded)
+        prompt = processor.build([self.loaded.hf_config.image_token_id, 0, 1],
                                  [Image.new("RGB", (1080, 2400), (255, 255, 255))])
         if len(prompt.token_ids) + 3 >= self.max_model_len:
             return

@@ -17,7 +17,7 @@ from torch import nn
 from autoglm_serve.engine.fault_injection import FaultInjector
 from autoglm_serve.engine.host_transfer import to_device
 from autoglm_serve.engine.kv_cache import BlockTable
-from autoglm_serve.engine.request import Request
+from autoglm_serve.engine.request import MultiModalItem, Request
 from autoglm_serve.engine.sampler import Sampler, SamplerOutput, SamplingBatch, SamplingRow
 from autoglm_serve.engine.scheduler import ScheduledRequest
 from autoglm_serve.models.layers.attention import Attention, AttentionBackend, AttentionMetadata
@@ -121,6 +121,15 @@ class ModelRunner:
                                 dtype=self.dtype, device=self.device)
             layer.kv_cache = cache
             self.kv_caches.append(cache)
+
+    def encoder_cache_bytes(self) -> int:
+        """What the encoder cache holds when full (image embeddings at the LLM's width)."""
+        if self.encoder_cache is None:
+            return 0
+        with torch.inference_mode():
+            row = self.model.get_input_embeddings(torch.zeros(1, dtype=torch.int64,
+                                                              device=self.device))
+        return self.encoder_cache.max_tokens * row.shape[-1] * row.element_size()
 
     # ---- inputs ---------------------------------------------------------------------------
     @staticmethod
@@ -352,21 +361,28 @@ class ModelRunner:
                 todo[item.content_hash] = item
             else:
                 found[item.content_hash] = emb
-        if todo:
-            pixels = torch.cat([i.pixel_values for i in todo.values()]).to(self.device)
-            out = self.model.embed_images(pixels, [i.grid_thw for i in todo.values()])
-            offset = 0
-            for h, item in todo.items():
-                emb = out[offset:offset + item.length]
-                offset += item.length
-                self.encoder_cache.put(h, emb)
-                found[h] = emb
+        for h, item in todo.items():
+            # one image at a time: a step's vision-tower peak is then its largest image's,
+            # which the start-up profile measures, however many images the step touches
+            emb = self.model.embed_images(item.pixel_values.to(self.device), [item.grid_thw])
+            self.encoder_cache.put(h, emb)
+            found[h] = emb
         return found
 
     @torch.inference_mode()
-    def profile_run(self) -> None:
-        """One forward over max_num_batched_tokens tokens, so the caller can measure peak
-        activation memory before sizing the KV cache."""
+    def profile_run(self, largest_image: MultiModalItem | None = None) -> None:
+        """The worst step this configuration allows, part by part, so the caller can measure
+        the peak activation memory before sizing the KV cache: the largest image through the
+        vision tower (images are encoded one at a time), a forward over max_num_batched_tokens
+        tokens, and the sampler over max_num_seqs rows with every option that adds buffers
+        (full top-p sort, min-p, penalties over long prompts, logprobs, own generators)."""
+        if largest_image is not None:
+            self.model.embed_images(largest_image.pixel_values.to(self.device),
+                                    [largest_image.grid_thw])
+        self._profile_forward()
+        self._profile_sampler()
+
+    def _profile_forward(self) -> None:
         n = self.max_num_tokens
         meta_seq = min(n, self.max_model_len)
         num_seqs = (n + meta_seq - 1) // meta_seq
@@ -387,3 +403,17 @@ class ModelRunner:
             pos = pos.expand(3, -1)
         hidden = self.model(ids, pos, meta)
         self.model.compute_logits(hidden[:min(n, self.max_num_seqs)])
+
+    def _profile_sampler(self) -> None:
+        from autoglm_serve.engine.sampler import make_generator
+        from autoglm_serve.sampling_params import MAX_LOGPROBS, SamplingParams
+        rows = self.max_num_seqs
+        logits = torch.randn(rows, self.vocab_size, device=self.device)
+        params = SamplingParams(temperature=1.0, top_p=0.85, min_p=0.01, repetition_penalty=1.1,
+                                frequency_penalty=0.2, logprobs=MAX_LOGPROBS, min_tokens=1)
+        prompt = range(self.max_model_len // 2)
+        output = range(self.max_model_len // 2, self.max_model_len - 1)
+        batch = SamplingBatch.build(
+            [SamplingRow(params, prompt, output, make_generator(i, self.device), (0,))
+             for i in range(rows)], self.vocab_size, self.device)
+        self.sampler(logits, batch)
