@@ -2,7 +2,7 @@
 
 ``make_tiny_glm4v(path)`` writes config.json, model.safetensors (random weights, checkpoint names
 ``model.visual.*`` / ``model.language_model.*`` / ``lm_head.*``), a byte-level tokenizer whose GLM
-special tokens sit at the end of the vocab, a GLM-4.1V style chat template,
+tokens sit at the end of the vocab, GLM-4.1V's chat template,
 preprocessor_config.json and generation_config.json. Everything is built in code: no hub.
 """
 from __future__ import annotations
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import torch
 
-from autoglm_serve.models.configs.glm_tokenizer import (CHAT_TEMPLATE, SPECIAL_TOKENS,
-                                                       byte_level_glm_tokenizer)
+from autoglm_serve.models.configs.glm_tokenizer import (NUM_GLM_TOKENS, byte_level_glm_tokenizer,
+                                                       glm_token_ids)
 
 BASE_VOCAB = 256                                   # one token per byte, no merges
-TINY_VOCAB = BASE_VOCAB + len(SPECIAL_TOKENS)      # specials are the last ids
-SPECIAL_IDS = {tok: BASE_VOCAB + i for i, tok in enumerate(SPECIAL_TOKENS)}
+TINY_VOCAB = BASE_VOCAB + NUM_GLM_TOKENS           # GLM's tokens are the last ids
+SPECIAL_IDS = glm_token_ids(BASE_VOCAB)
 
 
 def tiny_glm4v_config():
@@ -91,7 +91,8 @@ def make_tiny_glm4v(path: str | os.PathLike, seed: int = 0) -> Path:
 
     tiny_tokenizer().save_pretrained(path)
     (path / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG, indent=2))
-    gen = {"eos_token_id": config.text_config.eos_token_id, "pad_token_id": SPECIAL_IDS["<|endoftext|>"],
-           "do_sample": False}
+    # as GLM-4.1V's published one: </answer> stops too; do_sample is no sampling default
+    gen = {"eos_token_id": config.text_config.eos_token_id + [SPECIAL_IDS["</answer>"]],
+           "pad_token_id": SPECIAL_IDS["<|endoftext|>"], "do_sample": True}
     (path / "generation_config.json").write_text(json.dumps(gen, indent=2))
     return path
