@@ -105,7 +105,10 @@ class OutputProcessor:
                     child.cumulative_logprob += lp.sampled_logprob
             detok = child.detok
             if detok is not None:
-                detok.add_tokens(out.new_token_ids)
+                # as vLLM: the token that stopped the request stays out of the text (GLM-4.1V's
+                # </answer> EOS is no special token, and Open-AutoGLM parses up to the ")")
+                stopped = out.finish_reason == "stop" and not detok.include_stop
+                detok.add_tokens(out.new_token_ids[:-1] if stopped else out.new_token_ids)
                 if detok.stop_reason is not None:
                     state.finish(child, "stop", detok.stop_reason)
                     if out.finish_reason is None:   # the core still runs it: stop it there
