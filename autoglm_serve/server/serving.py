@@ -33,6 +33,20 @@ class Serving:
                          **settings.generation_overrides}
         self.default_max_tokens: int | None = self.defaults.get("max_new_tokens")
         self.max_in_flight = engine.info.max_num_seqs + settings.max_waiting_requests
+        self.content_options = self._content_options()
+
+    def _content_options(self) -> dict:
+        """render_messages' content format and image placeholder for this model (vLLM's "auto":
+        content lists for a model that takes images, strings otherwise)."""
+        fmt = self.settings.chat_template_content_format
+        mm = self.engine.frontend.mm_processor
+        if fmt == "auto":
+            fmt = "openai" if mm is not None else "string"
+        if mm is None or self.tokenizer is None:
+            return {"content_format": fmt}
+        start, image, end = self.tokenizer.convert_ids_to_tokens(list(mm.placeholder_ids))
+        return {"content_format": fmt, "image_placeholder": start + image + end,
+                "image_token": image}
 
     def model_name(self, requested: str | None) -> str:
         if requested is None or requested == "":
