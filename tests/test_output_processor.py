@@ -29,3 +29,27 @@ def test_answer_eos_is_left_out_of_the_text(include_stop):
     (child,) = out.outputs
     assert child.finish_reason == "stop" and child.token_ids[-1] == eos
     assert child.text == "<answer>" + ACTION + ("</answer>" if include_stop else "")
+
+
+@pytest.mark.parametrize("tags_special", [False, True])
+def test_reasoning_split_sees_the_tags_special_or_not(tags_special):
+    """A checkpoint's tokenizer may mark <think>/<answer> special: with skip_special_tokens (the
+    default) the text still carries them, so the reasoning split works; other special tokens
+    are still skipped."""
+    from autoglm_serve.models.configs.glm_tokenizer import TAG_OFFSETS
+    from autoglm_serve.server.reasoning import split_reasoning
+
+    tokenizer = byte_level_glm_tokenizer()
+    if tags_special:
+        tokenizer.add_special_tokens({"extra_special_tokens": [
+            *tokenizer.extra_special_tokens, *TAG_OFFSETS]})
+        assert "<think>" in tokenizer.all_special_tokens
+    ids = tokenizer("<think>plan</think><answer>" + ACTION + "</answer><|user|>",
+                    add_special_tokens=False)["input_ids"]
+    processor = OutputProcessor(tokenizer, keep_special_tokens=TAG_OFFSETS)
+    req = Request("r", [1], SamplingParams(max_tokens=100), frozenset(), max_tokens=100)
+    processor.add("r", None, [req])
+    (out,), _ = processor.process([CoreOutput("r", ids, None, "length")])
+    text = out.outputs[0].text
+    assert text == "<think>plan</think><answer>" + ACTION + "</answer>"
+    assert split_reasoning(text) == ("plan", ACTION)

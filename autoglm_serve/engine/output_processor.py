@@ -46,8 +46,13 @@ class RequestState:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, keep_special_tokens=()):
+        """keep_special_tokens: tokens that stay in the text even where the tokenizer marks them
+        special (GLM's reasoning tags: the <think>/<answer> split and agents parse them)."""
         self.tokenizer = tokenizer
+        special = set(tokenizer.all_special_tokens) if tokenizer is not None else set()
+        self.keep_special_ids = frozenset(tokenizer.convert_tokens_to_ids(t)
+                                          for t in keep_special_tokens if t in special)
         self.states: dict[str, RequestState] = {}
         self.children: dict[str, tuple[RequestState, _Child]] = {}   # by child request id
 
@@ -60,7 +65,7 @@ class OutputProcessor:
             if self.tokenizer is not None:
                 detok = IncrementalDetokenizer(
                     self.tokenizer, req.prompt_token_ids, params.skip_special_tokens,
-                    params.stop, params.include_stop_str_in_output)
+                    params.stop, params.include_stop_str_in_output, self.keep_special_ids)
             children[req.request_id] = _Child(i, detok, logprobs=[] if params.logprobs is not None
                                               else None,
                                               cumulative_logprob=0.0 if params.logprobs is not None
