@@ -2,7 +2,7 @@
 
 ``make_tiny_glm4v(path)`` writes config.json, model.safetensors (random weights, checkpoint names
 ``model.visual.*`` / ``model.language_model.*`` / ``lm_head.*``), a byte-level tokenizer whose GLM
-special tokens sit at the end of the vocab, a GLM-4.1V style chat template,
+tokens sit at the end of the vocab, GLM-4.1V's chat template,
 preprocessor_config.json and generation_config.json. Everything is built in code: no hub.
 """
 from __future__ import annotations
@@ -13,15 +13,15 @@ from pathlib import Path
 
 import torch
 
-from autoglm_serve.models.configs.glm_tokenizer import (CHAT_TEMPLATE, SPECIAL_TOKENS,
-                                                       byte_level_glm_tokenizer)
+from autoglm_serve.models.configs.glm_tokenizer import (NUM_GLM_TOKENS, byte_level_glm_tokenizer,
+                                                       glm_token_ids)
 
 BASE_VOCAB = 256                                   # one token per byte, no merges
-TINY_VOCAB = BASE_VOCAB + len(SPECIAL_TOKENS)      # specials are the last ids
-SPECIAL_IDS = {tok: BASE_VOCAB + i for i, tok in enumerate(SPECIAL_TOKENS)}
+TINY_VOCAB = BASE_VOCAB + NUM_GLM_TOKENS           # GLM's tokens are the last ids
+SPECIAL_IDS = glm_token_ids(BASE_VOCAB)
 
 
-def tiny_glm4v_config():
+def tiny_glm4v_config(max_position_embeddings: int = 4096):
     """A Glm4vConfig with every GLM-4.1V feature but tiny sizes (head_dim 32 so that the real
     mrope_section [8, 12, 12] scales to an integer split [2, 3, 3] of its 8 rotary frequencies)."""
     from transformers import Glm4vConfig
@@ -30,7 +30,7 @@ def tiny_glm4v_config():
         text_config=dict(
             vocab_size=TINY_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, head_dim=32, attention_bias=True,
-            max_position_embeddings=4096, rms_norm_eps=1e-5,
+            max_position_embeddings=max_position_embeddings, rms_norm_eps=1e-5,
             rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5,
                                  mrope_section=[2, 3, 3]),
             pad_token_id=SPECIAL_IDS["<|endoftext|>"],
@@ -73,14 +73,15 @@ PREPROCESSOR_CONFIG = {
 }
 
 
-def make_tiny_glm4v(path: str | os.PathLike, seed: int = 0) -> Path:
+def make_tiny_glm4v(path: str | os.PathLike, seed: int = 0,
+                    max_position_embeddings: int = 4096) -> Path:
     """Write the tiny checkpoint into ``path`` (created if needed) and return it."""
     from transformers import Glm4vForConditionalGeneration
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    config = tiny_glm4v_config()
+    config = tiny_glm4v_config(max_position_embeddings)
     model = Glm4vForConditionalGeneration(config).eval()
     # post_init draws tiny weights (std 0.02); widen the norms and biases so a test notices swaps
     with torch.no_grad():
@@ -91,7 +92,8 @@ def make_tiny_glm4v(path: str | os.PathLike, seed: int = 0) -> Path:
 
     tiny_tokenizer().save_pretrained(path)
     (path / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG, indent=2))
-    gen = {"eos_token_id": config.text_config.eos_token_id, "pad_token_id": SPECIAL_IDS["<|endoftext|>"],
-           "do_sample": False}
+    # as GLM-4.1V's published one: </answer> stops too; do_sample is no sampling default
+    gen = {"eos_token_id": config.text_config.eos_token_id + [SPECIAL_IDS["</answer>"]],
+           "pad_token_id": SPECIAL_IDS["<|endoftext|>"], "do_sample": True}
     (path / "generation_config.json").write_text(json.dumps(gen, indent=2))
     return path

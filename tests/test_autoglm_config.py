@@ -1,4 +1,6 @@
-"""The bundled AutoGLM-Phone-9B config: loads in transformers, carries the architecture's numbers."""
+"""The bundled AutoGLM-Phone-9B files: the config loads in transformers and carries the
+architecture's numbers; the generation config, tokenizer stand-in and chat template match
+GLM-4.1V-9B-Thinking's published ones."""
 from __future__ import annotations
 
 import json
@@ -49,7 +51,7 @@ def test_token_ids(config):
     assert list(config.text_config.eos_token_id) == [151329, 151336, 151338]
     assert config.text_config.pad_token_id == 151329
     gen = json.loads((CONFIG_DIR / "generation_config.json").read_text())
-    assert gen["eos_token_id"] == [151329, 151336, 151338] and gen["pad_token_id"] == 151329
+    assert gen["pad_token_id"] == 151329
 
 
 def test_matches_transformers_defaults_where_they_agree(config):
@@ -80,3 +82,85 @@ def test_preprocessor_config_loads():
     proc = AutoImageProcessor.from_pretrained(CONFIG_DIR)
     assert proc.size.shortest_edge == 12544 and proc.size.longest_edge == 9633792
     assert (proc.patch_size, proc.temporal_patch_size, proc.merge_size) == (14, 2, 2)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from autoglm_serve.models.configs.glm_tokenizer import byte_level_glm_tokenizer
+
+    return byte_level_glm_tokenizer()
+
+
+def render(tokenizer, messages, **kwargs):
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                         **kwargs)
+
+
+def test_generation_config_as_published(config, tokenizer):
+    """EOS ids [151329, 151336, 151338, 151348] (</answer> ends a reply), do_sample true; do_sample
+    is no sampling default (as in vLLM, only temperature/top_p/... are)."""
+    from autoglm_serve.engine.frontend import eos_ids
+    from autoglm_serve.engine.model_setup import generation_defaults
+
+    gen = json.loads((CONFIG_DIR / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == [151329, 151336, 151338, 151348]
+    assert gen["do_sample"] is True
+    assert generation_defaults(gen) == {}
+    assert eos_ids(tokenizer, config, gen) == {151329, 151336, 151338, 151348}
+    assert tokenizer.convert_ids_to_tokens(151348) == "</answer>"
+
+
+def test_token_ids_as_in_transformers_integration_test(tokenizer):
+    """transformers' GLM-4.1V test: a user turn opening with an image starts
+    [gMASK] <sop> <|user|> \\n <|begin_of_image|> <|image|>."""
+    prompt = render(tokenizer, [{"role": "user", "content": [
+        {"type": "image"}, {"type": "text", "text": "What kind of dog is this?"}]}])
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    assert ids[:6] == [151331, 151333, 151336, 198, 151339, 151343]
+
+
+def test_reasoning_tags_are_ordinary_tokens(tokenizer):
+    """<think> </think> <answer> </answer>: one token each, kept by skip_special_tokens (the
+    role tokens are dropped)."""
+    ids = tokenizer("<think>a</think><answer>b</answer><|user|>", add_special_tokens=False)[
+        "input_ids"]
+    assert len(ids) == 7 and ids[1] < 256 and ids[4] < 256      # the letters: one byte each
+    assert [ids[i] for i in (0, 2, 3, 5, 6)] == [151350, 151351, 151347, 151348, 151336]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "<think>a</think><answer>b</answer>"
+    assert not {"<think>", "</think>", "<answer>", "</answer>"} & set(tokenizer.all_special_tokens)
+
+
+def test_assistant_history_is_replayed_verbatim(tokenizer):
+    turn = "<think>find the app</think><answer>do(action=\"Launch\", app=\"Settings\")</answer>"
+    prompt = render(tokenizer, [{"role": "system", "content": "You are a phone agent."},
+                                {"role": "user", "content": "open settings"},
+                                {"role": "assistant", "content": turn},
+                                {"role": "user", "content": "next"}])
+    assert prompt == ("[gMASK]<sop><|system|>\nYou are a phone agent.<|user|>\nopen settings"
+                      f"<|assistant|>\n{turn}<|user|>\nnext<|assistant|>\n")
+    meta = render(tokenizer, [{"role": "assistant", "content": "c", "metadata": "m"}])
+    assert meta == "[gMASK]<sop><|assistant|>m\nc<|assistant|>\n"
+
+
+def test_no_enable_thinking_switch(tokenizer):
+    messages = [{"role": "user", "content": "hi"}]
+    plain = render(tokenizer, messages)
+    assert plain == "[gMASK]<sop><|user|>\nhi<|assistant|>\n"
+    assert render(tokenizer, messages, enable_thinking=False) == plain
+    assert render(tokenizer, messages, enable_thinking=True) == plain
+
+
+def test_tool_and_observation_turns_are_not_rendered(tokenizer):
+    prompt = render(tokenizer, [{"role": "user", "content": "a"},
+                                {"role": "tool", "content": "result"},
+                                {"role": "observation", "content": "seen"}])
+    assert prompt == "[gMASK]<sop><|user|>\na<|assistant|>\n"
+
+
+def test_image_and_video_placeholders(tokenizer):
+    """Parts become placeholders in order, with nothing between them and the text."""
+    prompt = render(tokenizer, [{"role": "user", "content": [
+        {"type": "text", "text": "first"}, {"type": "video"}, {"type": "image"},
+        {"type": "text", "text": "then"}]}])
+    assert prompt == ("[gMASK]<sop><|user|>\nfirst<|begin_of_video|><|video|><|end_of_video|>"
+                      "<|begin_of_image|><|image|><|end_of_image|>then<|assistant|>\n")

@@ -166,9 +166,9 @@ def test_prompt_expansion_matches_transformers_processor(tiny_dir):
     messages = [
         {"role": "system", "content": "You are a phone agent."},
         {"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "data:..."}},
+            {"type": "image"},   # the server's form of an image_url part
             {"type": "text", "text": "Tap the blue button, then"},
-            {"type": "image"},
+            {"type": "image", "image": "data:..."},
             {"type": "text", "text": "compare."},
         ]},
     ]
@@ -201,16 +201,21 @@ def test_prompt_expansion_matches_transformers_processor(tiny_dir):
         expand_image_tokens(got.token_ids[:5] + [SPECIAL_IDS["<|image|>"]], SPECIAL_IDS["<|image|>"], grid)
 
 
-def test_chat_template_thinking_switch_and_history(tiny_dir):
+def test_chat_template_replays_history_as_published(tiny_dir):
+    """GLM-4.1V's template replays an assistant turn as given (thinking included), has no
+    enable_thinking switch and leaves tool turns out."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
     messages = [
         {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": "<think>secret plan</think>\nhello"},
+        {"role": "assistant", "content": "<think>secret plan</think><answer>hello</answer>"},
+        {"role": "tool", "content": "ignored"},
         {"role": "user", "content": "again"},
     ]
     on = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    off = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
-    assert on == "[gMASK]<sop><|user|>\nhi<|assistant|>\nhello<|user|>\nagain<|assistant|>\n"
-    assert off == on + "<think></think>\n"
+    off = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                        enable_thinking=False)
+    assert on == ("[gMASK]<sop><|user|>\nhi<|assistant|>\n<think>secret plan</think>"
+                  "<answer>hello</answer><|user|>\nagain<|assistant|>\n")
+    assert off == on

@@ -209,3 +209,38 @@ def test_agent_protocol_five_steps_streaming(server):
         history.append({"role": "assistant", "content": text})
     assert len(ttfts) == 5 and all(t > 0 for t in ttfts)
     print("agent TTFT per step (s):", [round(t, 3) for t in ttfts])
+
+
+def tokenize_messages(server, messages):
+    r = httpx.post(server.url("/tokenize"), json={"model": "autoglm-phone-9b",
+                                                   "messages": messages}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()["tokens"]
+
+
+def test_default_content_format_is_the_templates_placement(server, model):
+    """vLLM's "auto" is "openai" for GLM-4.1V's template: the image part becomes the template's
+    placeholder, directly followed by the text (transformers' rendering of the same list)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    got = tokenize_messages(server, [{"role": "user", "content": [
+        image_part(png_url(screenshot(3, 270, 600))), {"type": "text", "text": "tap it"}]}])
+    want = "[gMASK]<sop><|user|>\n<|begin_of_image|><|image|><|end_of_image|>tap it<|assistant|>\n"
+    assert got == tokenizer(want, add_special_tokens=False)["input_ids"]
+
+
+def test_image_in_a_system_message_is_400(server):
+    """GLM-4.1V's template renders images in user turns only: an image in a system turn is the
+    request's error (param "messages"), not a 500."""
+    body = {"model": "autoglm-phone-9b", "max_tokens": 2, "messages": [
+        {"role": "system", "content": [image_part(png_url(screenshot(4, 270, 600))),
+                                       {"type": "text", "text": "you are an agent"}]},
+        {"role": "user", "content": "go"}]}
+    client = OpenAI(base_url=server.url("/v1"), api_key="none", max_retries=0)
+    with pytest.raises(Exception) as info:
+        client.chat.completions.create(**body)
+    err = info.value
+    assert getattr(err, "status_code", None) == 400, err
+    assert err.body["param"] == "messages" and "messages[0] (system)" in err.body["message"]
+    healthy(server)

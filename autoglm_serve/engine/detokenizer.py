@@ -16,13 +16,20 @@ _INCOMPLETE = "\ufffd"
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_token_ids: list[int],
                  skip_special_tokens: bool = True, stop: list[str] = (),
-                 include_stop_str_in_output: bool = False):
+                 include_stop_str_in_output: bool = False,
+                 keep_special_ids: frozenset[int] = frozenset()):
+        """keep_special_ids: special tokens decoded even when skip_special_tokens (the reasoning
+        tags of a tokenizer that marks them special)."""
         # The Rust tokenizer itself when that is all tokenizer.decode would run (no clean-up
         # pass): its Python layers cost more than the decode, twice per token of every stream.
         backend = getattr(tokenizer, "backend_tokenizer", None)
         decoder = backend if backend is not None and not getattr(
             tokenizer, "clean_up_tokenization_spaces", True) else tokenizer
         self._decode = functools.partial(decoder.decode, skip_special_tokens=skip_special_tokens)
+        if skip_special_tokens and keep_special_ids:
+            drop = frozenset(tokenizer.all_special_ids) - keep_special_ids
+            self._decode = lambda ids: decoder.decode([t for t in ids if t not in drop],
+                                                      skip_special_tokens=False)
         self.stop = list(stop)
         self._longest_stop = max(map(len, self.stop), default=0)
         self.include_stop = include_stop_str_in_output

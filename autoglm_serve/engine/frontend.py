@@ -16,6 +16,7 @@ from autoglm_serve.engine.model_setup import (generation_config, generation_defa
                                               resolve, text_config)
 from autoglm_serve.engine.output_processor import OutputProcessor
 from autoglm_serve.loader.model_path import ResolvedModel
+from autoglm_serve.models.configs.glm_tokenizer import TAG_OFFSETS
 from autoglm_serve.models.registry import resolve_model_class
 from autoglm_serve.tokenizer import load_tokenizer
 
@@ -46,7 +47,7 @@ class Frontend:
         self.input_processor = InputProcessor(
             self.tokenizer, self.max_model_len, self.vocab_size,
             eos_ids(self.tokenizer, self.hf_config, gen_config), self.generation_defaults)
-        self.output_processor = OutputProcessor(self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer, keep_special_tokens=TAG_OFFSETS)
         self.mm_processor = None
         if hasattr(resolve_model_class(self.hf_config), "embed_images"):
             from autoglm_serve.multimodal.media import MediaPolicy

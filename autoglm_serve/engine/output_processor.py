@@ -48,8 +48,13 @@ class RequestState:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, keep_special_tokens=()):
+        """keep_special_tokens: tokens that stay in the text even where the tokenizer marks them
+        special (GLM's reasoning tags: the <think>/<answer> split and agents parse them)."""
         self.tokenizer = tokenizer
+        special = set(tokenizer.all_special_tokens) if tokenizer is not None else set()
+        self.keep_special_ids = frozenset(tokenizer.convert_tokens_to_ids(t)
+                                          for t in keep_special_tokens if t in special)
         self.states: dict[str, RequestState] = {}
         self.children: dict[str, tuple[RequestState, _Child]] = {}   # by child request id
 
@@ -62,7 +67,7 @@ class OutputProcessor:
             if self.tokenizer is not None:
                 detok = IncrementalDetokenizer(
                     self.tokenizer, req.prompt_token_ids, params.skip_special_tokens,
-                    params.stop, params.include_stop_str_in_output)
+                    params.stop, params.include_stop_str_in_output, self.keep_special_ids)
             children[req.request_id] = _Child(i, detok, logprobs=[] if params.logprobs is not None
                                               else None,
                                               cumulative_logprob=0.0 if params.logprobs is not None
@@ -111,7 +116,10 @@ class OutputProcessor:
                     child.cumulative_logprob += lp.sampled_logprob
             detok = child.detok
             if detok is not None:
-                detok.add_tokens(out.new_token_ids)
+                # as vLLM: the token that stopped the request stays out of the text (GLM-4.1V's
+                # </answer> EOS is no special token, and Open-AutoGLM parses up to the ")")
+                stopped = out.finish_reason == "stop" and not detok.include_stop
+                detok.add_tokens(out.new_token_ids[:-1] if stopped else out.new_token_ids)
                 if detok.stop_reason is not None:
                     state.finish(child, "stop", detok.stop_reason)
                     if out.finish_reason is None:   # the core still runs it: stop it there

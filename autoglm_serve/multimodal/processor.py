@@ -68,6 +68,9 @@ class MultiModalProcessor:
         self.image_processor = Glm4vImageProcessor.from_pretrained(model_dir,
                                                                    **(mm_processor_kwargs or {}))
         self.image_token_id = hf_config.image_token_id
+        # what a prompt says for one image before expansion (vLLM's placeholder for GLM-4.1V)
+        self.placeholder_ids = (hf_config.image_start_token_id, hf_config.image_token_id,
+                                hf_config.image_end_token_id)
         self.merge = hf_config.vision_config.spatial_merge_size
         self.max_images = int((limit_mm_per_prompt or {}).get("image", DEFAULT_IMAGE_LIMIT))
         self.loader = MediaLoader(policy)

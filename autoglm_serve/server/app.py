@@ -184,7 +184,8 @@ def build_app(engine: AsyncLLM, settings: ServerSettings, gpu_stats=None) -> Fas
             if body.enable_thinking is not None:
                 kwargs.setdefault("enable_thinking", body.enable_thinking)
             text = render_messages(serving.tokenizer, body.messages, template_kwargs=kwargs,
-                                   add_generation_prompt=body.add_generation_prompt).prompt
+                                   add_generation_prompt=body.add_generation_prompt,
+                                   **serving.content_options).prompt
             special = bool(body.add_special_tokens)
         else:
             text = body.prompt

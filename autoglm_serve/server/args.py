@@ -40,6 +40,30 @@ class ServerSettings:
     chat_template_content_format: str = "auto"
 
 
+# vLLM flags that deployment lines carry and that change nothing here: accepted, and logged at
+# start-up with the reason, so a copied command line starts as it is.
+NO_EFFECT = {
+    "trust_remote_code": "autoglm-serve never runs model code from checkpoints",
+    "revision": "the model is read from the path given",
+    "mm_encoder_tp_mode": "one GPU: the vision encoder is not sharded",
+    "mm_processor_cache_type": "the encoder cache lives in the engine's own process",
+    "disable_log_requests": "requests are not logged",
+    "disable_uvicorn_access_log": "the access log is off unless --enable-access-log",
+}
+
+
+def no_effect_notes(args: argparse.Namespace) -> list[str]:
+    """One line per NO_EFFECT flag the command line set."""
+    notes = []
+    for dest, why in NO_EFFECT.items():
+        value = getattr(args, dest, None)
+        if value not in (None, False):
+            flag = "--" + dest.replace("_", "-")
+            shown = flag if value is True else f"{flag} {value}"
+            notes.append(f"{shown}: accepted, no effect here ({why})")
+    return notes
+
+
 def normalize_argv(argv: list[str]) -> list[str]:
     """`--mm_processor_kwargs` → `--mm-processor-kwargs` (values are left alone)."""
     out = []
@@ -146,9 +170,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                     help='e.g. \'{"image": 10}\'')
     mm.add_argument("--mm-processor-kwargs", type=_json_dict, default={},
                     help='e.g. \'{"max_pixels": 5000000}\'')
-    mm.add_argument("--mm-encoder-tp-mode", default=None, choices=["weights", "data"],
+    mm.add_argument("--mm-encoder-tp-mode", default=None,
                     help="accepted for vLLM compatibility (one GPU: no difference)")
-    mm.add_argument("--mm-processor-cache-type", default=None, choices=["lru", "shm"],
+    mm.add_argument("--mm-processor-cache-type", default=None,
                     help="accepted for vLLM compatibility (our encoder cache is in-process)")
     s = p.add_argument_group("server")
     s.add_argument("--host", default="0.0.0.0")

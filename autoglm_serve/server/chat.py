@@ -2,8 +2,10 @@
 
 `render_messages` is the one seam between the API and multimodal input: it returns the prompt
 text and the image references in prompt order; the multimodal layer turns those into engine
-inputs. Text-only templates get each message's text parts joined into one string (vLLM's
-"string" content format), which is what templates such as SmolLM's or Llama's expect.
+inputs. The two content formats are vLLM's: "openai" hands the template each content list with
+image parts as {"type": "image"} (the template places them); "string" joins a message's text
+parts with "\n" and puts one placeholder per image before the text, each on its own line (what
+templates such as SmolLM's or Llama's expect, and what Open-AutoGLM's vLLM command asks for).
 """
 from __future__ import annotations
 
@@ -27,8 +29,8 @@ class RenderedPrompt:
     images: list[ImageRef] = field(default_factory=list)
 
 
-def _message_dict(msg: ChatMessage, index: int, images: list[ImageRef],
-                  keep_parts: bool) -> dict[str, Any]:
+def _message_dict(msg: ChatMessage, index: int, images: list[ImageRef], content_format: str,
+                  image_placeholder: str | None) -> dict[str, Any]:
     d = msg.model_dump(exclude_none=True)
     content = msg.content
     if content is None:
@@ -43,9 +45,32 @@ def _message_dict(msg: ChatMessage, index: int, images: list[ImageRef],
             elif isinstance(part, ImagePart):
                 images.append(ImageRef(part.image_url.url, part.image_url.detail, index))
                 parts.append({"type": "image"})
-        # Multimodal templates place image tokens where {"type": "image"} parts are.
-        d["content"] = parts if keep_parts else "\n".join(texts)
+        if content_format == "openai":
+            d["content"] = parts
+        else:
+            text = "\n".join(texts)
+            n_images = len(parts) - len(texts)
+            if n_images and image_placeholder:
+                # as vLLM: placeholders the text already has count, the rest go first
+                missing = max(0, n_images - text.count(image_placeholder))
+                text = "\n".join([image_placeholder] * missing + [text])
+            d["content"] = text
     return d
+
+
+def _check_images_placed(prompt: str, images: list[ImageRef], messages: list[ChatMessage],
+                         image_token: str) -> None:
+    """Each image needs its one image token in the prompt: a template that leaves an image out
+    (GLM-4.1V's renders images in user turns only) is the request's error, said before the
+    multimodal layer finds the mismatch."""
+    placed = prompt.count(image_token)
+    if placed == len(images):
+        return
+    where = sorted({(ref.message_index, messages[ref.message_index].role) for ref in images})
+    roles = ", ".join(f"messages[{i}] ({role})" for i, role in where)
+    raise bad_request(f"the chat template placed {placed} image token(s) {image_token!r} for "
+                      f"{len(images)} image(s) (images in {roles}); this model's template "
+                      "renders images in user messages only", "messages")
 
 
 def render_messages(tokenizer, messages: list[ChatMessage], *,
@@ -54,9 +79,11 @@ def render_messages(tokenizer, messages: list[ChatMessage], *,
                     add_generation_prompt: bool = True,
                     continue_final_message: bool = False,
                     tools: list[dict[str, Any]] | None = None,
-                    content_as_parts: bool = False) -> RenderedPrompt:
-    """Applies the chat template. `content_as_parts`: the template understands OpenAI-style
-    content lists (multimodal models); otherwise text parts are joined into one string."""
+                    content_format: str = "string", image_placeholder: str | None = None,
+                    image_token: str | None = None) -> RenderedPrompt:
+    """Applies the chat template. `content_format`: "openai" or "string" (vLLM's meanings);
+    `image_placeholder`: what the string format writes for an image; `image_token`: the token
+    each image must leave in the prompt (both None for a model without images)."""
     if not messages:
         raise bad_request("messages must contain at least one message", "messages")
     template = chat_template or getattr(tokenizer, "chat_template", None)
@@ -67,7 +94,8 @@ def render_messages(tokenizer, messages: list[ChatMessage], *,
         raise bad_request("continue_final_message and add_generation_prompt cannot both be "
                           "true", "continue_final_message")
     images: list[ImageRef] = []
-    dicts = [_message_dict(m, i, images, content_as_parts) for i, m in enumerate(messages)]
+    dicts = [_message_dict(m, i, images, content_format, image_placeholder)
+             for i, m in enumerate(messages)]
     try:
         prompt = tokenizer.apply_chat_template(
             dicts, chat_template=template, tokenize=False,
@@ -79,4 +107,6 @@ def render_messages(tokenizer, messages: list[ChatMessage], *,
                           "messages") from exc
     if not isinstance(prompt, str):
         prompt = tokenizer.decode(prompt)
+    if images and image_token:
+        _check_images_placed(prompt, images, messages, image_token)
     return RenderedPrompt(prompt, images)

@@ -12,7 +12,8 @@ import signal
 import socket
 import sys
 
-from autoglm_serve.server.args import ServerSettings, engine_config_from_args, settings_from_args
+from autoglm_serve.server.args import (ServerSettings, engine_config_from_args, no_effect_notes,
+                                       settings_from_args)
 
 logger = logging.getLogger("autoglm_serve.server")
 
@@ -99,9 +100,8 @@ def run_server(args: argparse.Namespace) -> int:
     try:
         config = engine_config_from_args(args)
         settings = settings_from_args(args)
-        if args.trust_remote_code:
-            logger.info("--trust-remote-code: accepted; autoglm-serve never runs model code "
-                        "from checkpoints")
+        for note in no_effect_notes(args):
+            logger.info("%s", note)
         sock = bind_socket(settings.host, settings.port)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

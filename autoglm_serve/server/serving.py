@@ -45,6 +45,20 @@ class Serving:
             4 * engine.info.kv_tokens, 2 * self.max_model_len)
         self.num_sequences = 0          # admitted and not yet finished: what the queue holds
         self.num_queued_tokens = 0
+        self.content_options = self._content_options()
+
+    def _content_options(self) -> dict:
+        """render_messages' content format and image placeholder for this model (vLLM's "auto":
+        content lists for a model that takes images, strings otherwise)."""
+        fmt = self.settings.chat_template_content_format
+        mm = self.engine.frontend.mm_processor
+        if fmt == "auto":
+            fmt = "openai" if mm is not None else "string"
+        if mm is None or self.tokenizer is None:
+            return {"content_format": fmt}
+        start, image, end = self.tokenizer.convert_ids_to_tokens(list(mm.placeholder_ids))
+        return {"content_format": fmt, "image_placeholder": start + image + end,
+                "image_token": image}
 
     def model_name(self, requested: str | None) -> str:
         if requested is None or requested == "":

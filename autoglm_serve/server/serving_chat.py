@@ -79,13 +79,11 @@ class ChatHandler:
         kwargs = dict(req.chat_template_kwargs or {})
         if req.enable_thinking is not None:
             kwargs.setdefault("enable_thinking", req.enable_thinking)
-        hf_config = s.engine.frontend.hf_config
         rendered = render_messages(
             s.tokenizer, req.messages, chat_template=req.chat_template, template_kwargs=kwargs,
             add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message, tools=req.tools,
-            content_as_parts=getattr(hf_config, "vision_config", None) is not None
-            and s.settings.chat_template_content_format != "string")
+            **s.content_options)
         token_ids = await s.tokenize(rendered.prompt, add_special_tokens=False)
         token_ids, mm = await self._multimodal_inputs(rendered, token_ids)
         asked = ("max_completion_tokens", req.max_completion_tokens) \
