@@ -1,5 +1,12 @@
 """autoglm-serve: an inference engine and OpenAI-compatible server for AutoGLM-Phone-9B."""
-from autoglm_serve.sampling_params import SamplingParams
+import os
+
+# Before any CUDA allocation: expandable segments keep the caching allocator from stranding
+# memory in blocks of the wrong size. On a 24 GB card 0.64 GiB sat reserved but unallocated
+# when a step ran out of memory; the KV cache is sized to the byte, so it must not be lost.
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
+from autoglm_serve.sampling_params import SamplingParams  # noqa: E402
 
 __version__ = "0.1.0"
 

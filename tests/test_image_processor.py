@@ -109,15 +109,16 @@ def _phone_prompt_item():
     from autoglm_serve.multimodal.processor import MultiModalProcessor
 
     image = Image.open(DATA / "phone_screenshot_1080x2400.png")
-    hf_config = SimpleNamespace(image_token_id=7, vision_config=SimpleNamespace(spatial_merge_size=2))
+    hf_config = SimpleNamespace(image_token_id=7, image_start_token_id=6, image_end_token_id=8,
+                                vision_config=SimpleNamespace(spatial_merge_size=2))
     processor = MultiModalProcessor(hf_config, CONFIG_DIR, {"max_pixels": 5_000_000})
     prompt = processor.build([1, 7, 2], [image])
     return image, processor.image_processor, prompt.items[0]
 
 
 def test_front_end_ships_the_image_at_its_size_and_the_core_lays_it_out_as_pil_would():
-    """build() hands the core the RGB screenshot unresized; lay_out resizes and lays it out to
-    exactly the patches of PIL's resize (which the front-end ran before)."""
+    """build() hands the core the RGB screenshot unresized; patches() resizes and lays it out
+    to exactly the patches of PIL's resize (which the front-end ran before)."""
     from autoglm_serve.multimodal.media import image_content_hash
 
     image, image_processor, item = _phone_prompt_item()
@@ -127,21 +128,21 @@ def test_front_end_ships_the_image_at_its_size_and_the_core_lays_it_out_as_pil_w
     assert item.grid_thw == (1, 168, 74) and (item.offset, item.length) == (1, 3108)
     assert item.content_hash == image_content_hash(image)
 
-    item.lay_out(torch.device("cpu"))
+    patches = item.patches(torch.device("cpu"))
     pil = Image.fromarray(rgb).resize((1036, 2352), resample=Image.Resampling.BICUBIC)
     want = image_processor.patches(torch.from_numpy(np.array(pil)))
-    assert item.layout is None
-    assert torch.equal(item.pixel_values, want.pixel_values)
+    assert torch.equal(patches, want.pixel_values)
+    assert item.pixel_values.dtype == torch.uint8       # the request keeps only its RGB image
 
 
 @pytest.mark.gpu
 def test_lay_out_on_the_gpu_equals_the_cpu():
     _, _, on_cpu = _phone_prompt_item()
     _, _, on_gpu = _phone_prompt_item()
-    on_cpu.lay_out(torch.device("cpu"))
-    on_gpu.lay_out(torch.device("cuda"))
-    assert on_gpu.pixel_values.is_cuda
-    torch.testing.assert_close(on_gpu.pixel_values.cpu(), on_cpu.pixel_values, rtol=0, atol=1e-6)
+    on_gpu = on_gpu.patches(torch.device("cuda"))
+    assert on_gpu.is_cuda
+    torch.testing.assert_close(on_gpu.cpu(), on_cpu.patches(torch.device("cpu")), rtol=0,
+                               atol=1e-6)
 
 
 @pytest.fixture(scope="module")

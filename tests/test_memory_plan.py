@@ -23,19 +23,19 @@ def llm(tmp_path_factory):
 
 def test_the_largest_image_is_the_most_the_image_settings_allow(llm):
     core = llm.engine.core
-    item = largest_image(core.config, core.loaded, core.device)
+    item = largest_image(core.config, core.loaded)
     t, h, w = item.grid_thw
     pixels = 2 * h * w * 14 * 14        # both frames of a still image, as smart_resize counts
     assert pixels <= MAX_PIXELS
     assert pixels > 0.9 * MAX_PIXELS            # within a rounding of the limit
-    assert item.pixel_values.shape[0] == t * h * w and item.layout is None   # laid out
+    assert item.patches(core.device).shape[0] == t * h * w
 
 
 def test_the_worst_step_runs_and_leaves_the_engine_as_it_was(llm):
     core = llm.engine.core
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     before = llm.generate([[1, 2, 3, 4, 5]], params)[0].outputs[0].token_ids
-    core.runner.profile_run(largest_image(core.config, core.loaded, core.device))
+    core.runner.profile_run(largest_image(core.config, core.loaded))
     assert llm.generate([[1, 2, 3, 4, 5]], params)[0].outputs[0].token_ids == before
     assert core.kv.num_free_blocks == core.kv.num_blocks
 

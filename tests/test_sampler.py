@@ -441,3 +441,34 @@ def test_cuda_step_has_no_host_sync_and_is_seed_stable():
                                                       "cuda"))
     assert out.sampled_token_ids[0].item() == alone.sampled_token_ids[0].item()
     assert out.sampled_token_ids[1].item() == logits[1].float().argmax().item()
+
+
+def test_rows_sampled_in_groups_equal_one_batch(monkeypatch):
+    """Sampler.sample splits the rows into groups to bound its buffers: greedy rows, seeded
+    rows and logprobs (of different widths per group) come out as from one batch."""
+    from autoglm_serve.engine import sampler as sampler_module
+    V, B = 64, 11
+    torch.manual_seed(0)
+    logits = torch.randn(B, V)
+    params = [SamplingParams(temperature=0, logprobs=3 if i % 4 == 0 else None) if i % 2 else
+              SamplingParams(seed=100 + i, top_p=0.9, frequency_penalty=0.5,
+                             logprobs=5 if i == 2 else None)
+              for i in range(B)]
+
+    def rows():
+        return [SamplingRow(p, [1, 2, 3], [4, 4], make_generator(p.seed, "cpu")
+                            if p.seed is not None else None) for p in params]
+
+    whole = Sampler()(logits, SamplingBatch.build(rows(), V, "cpu"))
+    monkeypatch.setattr(sampler_module, "_GROUP_ELEMENTS", 4 * V)     # groups of 4 rows
+    grouped = Sampler().sample(logits, rows())
+    assert torch.equal(grouped.sampled_token_ids, whole.sampled_token_ids)
+    got, want = grouped.logprobs, whole.logprobs
+    for i, p in enumerate(params):
+        if p.logprobs is None:
+            continue
+        k = p.logprobs
+        assert got.sampled_logprobs[i] == want.sampled_logprobs[i]
+        assert got.sampled_ranks[i] == want.sampled_ranks[i]
+        assert torch.equal(got.top_token_ids[i, :k], want.top_token_ids[i, :k])
+        assert torch.equal(got.top_logprobs[i, :k], want.top_logprobs[i, :k])

@@ -102,7 +102,7 @@ class EngineCore:
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill, self.max_model_len)
         self._inflight: InFlightStep | None = None
-        self.isolation = FaultIsolation(self.max_num_batched_tokens)
+        self.isolation = FaultIsolation(self.max_num_batched_tokens, self.runner.release_memory)
         self._failed: list[CoreOutput] = []     # requests failed outside a step's outputs
         self.requests: dict[str, Request] = {}
         self.num_prompt_tokens_total = 0
@@ -168,16 +168,14 @@ class EngineCore:
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
-        """A request the core cannot take (its image does not lay out, its seed does not
-        seed) is failed alone; its error comes out of the next step."""
+        """A request the core cannot take (its seed does not seed) is failed alone; its error
+        comes out of the next step."""
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
         try:
             if request.seed is not None and request.generator is None:
                 # made here, on the logits' device: the front-end may have no access to it
                 request.generator = make_generator(request.seed, self.device)
-            for item in request.mm_items:
-                item.lay_out(self.device)
         except Exception as exc:
             if is_fatal(exc):
                 raise

@@ -3,8 +3,8 @@
 A step runs many requests at once, so its exception does not say whose it is. The requests of a
 failed step become suspects, and each is run alone for one step (the others wait those few
 steps): one that fails alone is failed with the error, the others go back to normal batching.
-Out of memory is a failure of the step's size, not of a request: the cache allocator's free
-blocks go back to the device, and a suspect that runs out of memory alone is retried with its
+Out of memory is a failure of the step's size, not of a request: the encoder cache's entries
+and the allocator's free blocks go back to the device, and a suspect that runs out of memory alone is retried with its
 prefill chunk halved before it is failed (an image goes through the vision tower whole, so a
 screenshot too large for the card still fails, and alone).
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 
 import torch
 
@@ -50,8 +51,10 @@ def is_fatal(exc: BaseException) -> bool:
 
 
 class FaultIsolation:
-    def __init__(self, max_chunk: int):
+    def __init__(self, max_chunk: int, release_memory: Callable[[], None]):
+        """release_memory: gives what caches hold back to the device after an OOM."""
         self.max_chunk = max_chunk
+        self.release_memory = release_memory
         self.suspects: deque[Request] = deque()
         self.chunk = max_chunk          # the next suspect's prefill chunk budget
         self.consecutive_failures = 0
@@ -115,8 +118,8 @@ class FaultIsolation:
         self.chunk = self.max_chunk
 
     def _count_failure(self, exc: BaseException) -> None:
-        if is_out_of_memory(exc) and torch.cuda.is_available():
-            torch.cuda.empty_cache()    # what the failed step's tensors held, back to the device
+        if is_out_of_memory(exc):
+            self.release_memory()
         self.consecutive_failures += 1
         if is_fatal(exc):
             raise exc

@@ -62,13 +62,12 @@ def size_kv_cache(config: EngineConfig, runner: ModelRunner, device: torch.devic
 def _profile_cuda(config: EngineConfig, runner: ModelRunner, device: torch.device,
                   loaded: LoadedModel, per_block: int) -> CacheSizing:
     torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(device)
     runner.allocate_kv_cache(1)
-    before = torch.cuda.memory_allocated(device)
-    runner.profile_run(largest_image(config, loaded, device)
-                       if runner.encoder_cache is not None else None)
-    torch.cuda.synchronize(device)
-    activation = torch.cuda.max_memory_allocated(device) - before
+    peaks = runner.profile_run(largest_image(config, loaded, device)
+                               if runner.encoder_cache is not None else None)
+    activation = max(peaks.values())
+    logger.info("the worst step's activations: %s", ", ".join(
+        f"{name} {peak / 2**30:.2f} GiB" for name, peak in peaks.items()))
     runner.allocate_kv_cache(0)
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
@@ -88,7 +87,9 @@ def _memory_fraction(device: torch.device) -> float:
     """The cap set by torch.cuda.set_per_process_memory_fraction (1.0 when none): a smaller
     card simulated on a large one, or a GPU shared on purpose."""
     get = getattr(torch.cuda, "get_per_process_memory_fraction", None)   # torch >= 2.9
-    return 1.0 if get is None else float(get(device))
+    if get is None:
+        return 1.0
+    return float(get(device.index if device.index is not None else torch.cuda.current_device()))
 
 
 def image_processor(config: EngineConfig, loaded: LoadedModel):
@@ -99,10 +100,9 @@ def image_processor(config: EngineConfig, loaded: LoadedModel):
                                config.mm_processor_kwargs)
 
 
-def largest_image(config: EngineConfig, loaded: LoadedModel,
-                  device: torch.device) -> MultiModalItem:
-    """The image with the most patches the image settings allow, laid out on the device as a
-    request's would be: sides that are multiples of the patch grid's factor, whose area (both
+def largest_image(config: EngineConfig, loaded: LoadedModel) -> MultiModalItem:
+    """The image with the most patches the image settings allow, as a request's would come:
+    sides that are multiples of the patch grid's factor, whose area (both
     frames of a still image, as smart_resize counts it) is at most max_pixels."""
     from PIL import Image
     processor = image_processor(config, loaded)
@@ -114,6 +114,4 @@ def largest_image(config: EngineConfig, loaded: LoadedModel,
                key=lambda r: r * (most // r))
     size = (factor * (most // rows), factor * rows)
     prompt = processor.build([loaded.hf_config.image_token_id], [Image.new("RGB", size)])
-    item = prompt.items[0]
-    item.lay_out(device)
-    return item
+    return prompt.items[0]

@@ -18,7 +18,7 @@ from autoglm_serve.engine.fault_injection import FaultInjector
 from autoglm_serve.engine.host_transfer import to_device
 from autoglm_serve.engine.kv_cache import BlockTable
 from autoglm_serve.engine.request import MultiModalItem, Request
-from autoglm_serve.engine.sampler import Sampler, SamplerOutput, SamplingBatch, SamplingRow
+from autoglm_serve.engine.sampler import Sampler, SamplerOutput, SamplingRow
 from autoglm_serve.engine.scheduler import ScheduledRequest
 from autoglm_serve.models.layers.attention import Attention, AttentionBackend, AttentionMetadata
 from autoglm_serve.multimodal.encoder_cache import EncoderCache
@@ -121,6 +121,14 @@ class ModelRunner:
                                 dtype=self.dtype, device=self.device)
             layer.kv_cache = cache
             self.kv_caches.append(cache)
+
+    def release_memory(self) -> None:
+        """After running out of device memory: the encoder cache's embeddings (recomputed
+        when needed) and the allocator's unused blocks go back to the device."""
+        if self.encoder_cache is not None:
+            self.encoder_cache.evict_all()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def encoder_cache_bytes(self) -> int:
         """What the encoder cache holds when full (image embeddings at the LLM's width)."""
@@ -305,7 +313,7 @@ class ModelRunner:
         else:
             rows = [SamplingRow(r.sampling_params, r.prompt_token_ids, r.output_token_ids,
                                 r.generator, r.eos_token_ids) for r in sampling]
-            out = self.sampler(logits, SamplingBatch.build(rows, logits.shape[-1], logits.device))
+            out = self.sampler.sample(logits, rows)
             tokens = out.sampled_token_ids
         self._prev_tokens = tokens
         self._prev_rows = {r.request_id: i for i, r in enumerate(sampling)}
@@ -364,23 +372,37 @@ class ModelRunner:
         for h, item in todo.items():
             # one image at a time: a step's vision-tower peak is then its largest image's,
             # which the start-up profile measures, however many images the step touches
-            emb = self.model.embed_images(item.pixel_values.to(self.device), [item.grid_thw])
+            emb = self.model.embed_images(item.patches(self.device), [item.grid_thw])
             self.encoder_cache.put(h, emb)
             found[h] = emb
         return found
 
     @torch.inference_mode()
-    def profile_run(self, largest_image: MultiModalItem | None = None) -> None:
-        """The worst step this configuration allows, part by part, so the caller can measure
-        the peak activation memory before sizing the KV cache: the largest image through the
-        vision tower (images are encoded one at a time), a forward over max_num_batched_tokens
-        tokens, and the sampler over max_num_seqs rows with every option that adds buffers
-        (full top-p sort, min-p, penalties over long prompts, logprobs, own generators)."""
-        if largest_image is not None:
-            self.model.embed_images(largest_image.pixel_values.to(self.device),
-                                    [largest_image.grid_thw])
-        self._profile_forward()
-        self._profile_sampler()
+    def profile_run(self, largest_image: MultiModalItem | None = None) -> dict[str, int]:
+        """The worst step this configuration allows, part by part: the largest image through
+        the vision tower (images are encoded one at a time), a forward over
+        max_num_batched_tokens tokens, and the sampler over max_num_seqs rows with every option
+        that adds buffers (full top-p sort, min-p, penalties over long prompts, logprobs, own
+        generators). Returns each part's peak of allocated bytes above the start, on CUDA
+        (the caller sizes the KV cache by the largest)."""
+        parts = {"vision tower": (lambda: self.model.embed_images(
+                     largest_image.patches(self.device), [largest_image.grid_thw]))
+                 if largest_image is not None else None,
+                 "forward": self._profile_forward, "sampler": self._profile_sampler}
+        peaks = {}
+        for name, run in parts.items():
+            if run is None:
+                continue
+            cuda = self.device.type == "cuda"
+            if cuda:
+                torch.cuda.synchronize(self.device)
+                torch.cuda.reset_peak_memory_stats(self.device)
+                start = torch.cuda.memory_allocated(self.device)
+            run()
+            if cuda:
+                torch.cuda.synchronize(self.device)
+                peaks[name] = torch.cuda.max_memory_allocated(self.device) - start
+        return peaks
 
     def _profile_forward(self) -> None:
         n = self.max_num_tokens
@@ -413,7 +435,6 @@ class ModelRunner:
                                 frequency_penalty=0.2, logprobs=MAX_LOGPROBS, min_tokens=1)
         prompt = range(self.max_model_len // 2)
         output = range(self.max_model_len // 2, self.max_model_len - 1)
-        batch = SamplingBatch.build(
-            [SamplingRow(params, prompt, output, make_generator(i, self.device), (0,))
-             for i in range(rows)], self.vocab_size, self.device)
-        self.sampler(logits, batch)
+        self.sampler.sample(logits, [SamplingRow(params, prompt, output,
+                                                 make_generator(i, self.device), (0,))
+                                     for i in range(rows)])

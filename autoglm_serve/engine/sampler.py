@@ -25,6 +25,11 @@ from autoglm_serve.sampling_params import SamplingParams
 
 # exponential_ may return exactly 0 (u == 0); p / 0 would be inf or NaN, and argmax favours NaN.
 _TINY = torch.finfo(torch.float32).tiny
+# Rows are sampled in groups of at most this many elements per [rows, V] buffer (64 MiB in
+# float32): the sampler builds about ten such buffers (copy, penalty counts, the top-p sort's
+# values and indices, softmax, cumsum), 1.6 GiB at 256 rows of GLM's 151k vocabulary, which a
+# 24 GB card cannot spare. Rows are independent, so grouping changes no token.
+_GROUP_ELEMENTS = 1 << 24
 
 
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
@@ -265,7 +270,43 @@ def compute_logprobs(raw_logits: torch.Tensor, sampled: torch.Tensor,
                            top_token_ids=top_ids, top_logprobs=top_lp)
 
 
+def _concat(parts: list[SamplerOutput]) -> SamplerOutput:
+    """Row groups' outputs as one; logprob columns padded to the widest group's."""
+    tokens = torch.cat([p.sampled_token_ids for p in parts])
+    with_lp = [p.logprobs for p in parts if p.logprobs is not None]
+    if not with_lp:
+        return SamplerOutput(tokens, None)
+    k = max(lp.top_token_ids.shape[1] for lp in with_lp)
+    device = tokens.device
+
+    def padded(p: SamplerOutput) -> LogprobsTensors:
+        n = p.sampled_token_ids.shape[0]
+        lp = p.logprobs or LogprobsTensors(       # a group where no row asked: placeholders
+            torch.zeros(n, device=device), torch.zeros(n, dtype=torch.int64, device=device),
+            torch.zeros(n, 0, dtype=torch.int64, device=device), torch.zeros(n, 0, device=device))
+        pad = k - lp.top_token_ids.shape[1]
+        return LogprobsTensors(lp.sampled_logprobs, lp.sampled_ranks,
+                               torch.nn.functional.pad(lp.top_token_ids, (0, pad)),
+                               torch.nn.functional.pad(lp.top_logprobs, (0, pad),
+                                                       value=float("-inf")))
+
+    lps = [padded(p) for p in parts]
+    return SamplerOutput(tokens, LogprobsTensors(
+        torch.cat([lp.sampled_logprobs for lp in lps]), torch.cat([lp.sampled_ranks for lp in lps]),
+        torch.cat([lp.top_token_ids for lp in lps]), torch.cat([lp.top_logprobs for lp in lps])))
+
+
 class Sampler:
+    def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
+        """The rows' next tokens, in groups that bound the sampler's memory."""
+        V = logits.shape[-1]
+        group = max(1, _GROUP_ELEMENTS // V)
+        if len(rows) <= group:
+            return self(logits, SamplingBatch.build(rows, V, logits.device))
+        return _concat([self(logits[i:i + group],
+                             SamplingBatch.build(rows[i:i + group], V, logits.device))
+                        for i in range(0, len(rows), group)])
+
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         # Work on a float32 copy: the raw logits stay intact for logprobs and for the caller.
         x = logits.to(torch.float32, copy=True)

@@ -31,8 +31,13 @@ class EncoderCache:
 
     def clear(self) -> None:
         """Empty, counters included (after the engine's warm-up)."""
+        self.evict_all()
+        self.hits = self.misses = 0
+
+    def evict_all(self) -> None:
+        """Empty, counters kept (the engine ran out of device memory)."""
         self.entries.clear()
-        self.num_tokens = self.hits = self.misses = 0
+        self.num_tokens = 0
 
     def put(self, content_hash: str, embeddings: torch.Tensor) -> None:
         if content_hash in self.entries:

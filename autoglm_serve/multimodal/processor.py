@@ -61,7 +61,7 @@ def split_images(messages: list[dict]) -> tuple[list[dict], list[str]]:
 
 class MultiModalProcessor:
     """The engine's front-end: images are hashed and their placeholders expanded here; the core
-    resizes them and lays them out into patches on its device (MultiModalItem.lay_out)."""
+    resizes them and lays them out into patches on its device (MultiModalItem.patches)."""
 
     def __init__(self, hf_config, model_dir, mm_processor_kwargs: dict | None = None,
                  limit_mm_per_prompt: dict | None = None, policy: MediaPolicy | None = None):

@@ -29,7 +29,7 @@ class ServerSettings:
     max_request_body_bytes: int = int(DEFAULT_MAX_BODY_MB * 2**20)
     max_waiting_requests: int = 4096
     max_n: int = 128
-    max_queued_tokens: int | None = None      # None: 4 x the KV cache's tokens
+    max_queued_tokens: int | None = None      # None: see Serving
     reasoning_parser: str | None = None
     allowed_local_media_path: str | None = None
     uvicorn_log_level: str = "info"
@@ -185,7 +185,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "with 503 and Retry-After")
     s.add_argument("--max-queued-tokens", type=int, default=None,
                    help="prompt tokens (n x prompt) the server holds in flight; beyond it 503 "
-                        "with Retry-After (default: 4 x the KV cache's tokens)")
+                        "with Retry-After (default: the most of 16 x the KV cache's tokens, "
+                        "max-n x max-model-len and 4M)")
     s.add_argument("--max-n", type=int, default=128,
                    help="the largest n (and best_of) a request may ask for (OpenAI's is 128)")
     s.add_argument("--uvicorn-log-level", default="info",

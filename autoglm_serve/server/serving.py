@@ -41,8 +41,11 @@ class Serving:
                          **settings.generation_overrides}
         self.default_max_tokens: int | None = self.defaults.get("max_new_tokens")
         self.max_sequences = engine.info.max_num_seqs + settings.max_waiting_requests
+        # phone agents queue far more prompt tokens than the KV cache holds (16 agents' growing
+        # contexts: 200k tokens beside 54k of KV on a 24 GB card): the default bounds only a
+        # flood, with room for the largest request n x max_model_len could make
         self.max_queued_tokens = settings.max_queued_tokens or max(
-            4 * engine.info.kv_tokens, 2 * self.max_model_len)
+            16 * engine.info.kv_tokens, settings.max_n * self.max_model_len, 1 << 22)
         self.num_sequences = 0          # admitted and not yet finished: what the queue holds
         self.num_queued_tokens = 0
         self.content_options = self._content_options()
