@@ -63,7 +63,7 @@ def _profile_cuda(config: EngineConfig, runner: ModelRunner, device: torch.devic
                   loaded: LoadedModel, per_block: int) -> CacheSizing:
     torch.cuda.empty_cache()
     runner.allocate_kv_cache(1)
-    peaks = runner.profile_run(largest_image(config, loaded, device)
+    peaks = runner.profile_run(largest_image(config, loaded)
                                if runner.encoder_cache is not None else None)
     activation = max(peaks.values())
     logger.info("the worst step's activations: %s", ", ".join(
