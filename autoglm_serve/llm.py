@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from autoglm_serve.config import EngineConfig
 from autoglm_serve.engine.llm_engine import LLMEngine
 from autoglm_serve.engine.model_setup import LoadedModel
+from autoglm_serve.engine.settings import resolve_settings
 from autoglm_serve.outputs import RequestOutput
 from autoglm_serve.sampling_params import SamplingParams
 
@@ -18,7 +19,9 @@ class LLM:
     def __init__(self, model: str | None = None, loaded: LoadedModel | None = None, **kwargs):
         """loaded: weights already in memory (another LLM's ``engine.core.loaded``), so tests
         and tools can try other engine settings without loading the checkpoint again."""
-        self.engine = LLMEngine(EngineConfig(model=model, **kwargs), loaded)
+        config = EngineConfig(model=model, **kwargs)
+        self.engine = LLMEngine(resolve_settings(config, loaded.resolved if loaded else None),
+                                loaded)
 
     @property
     def tokenizer(self):

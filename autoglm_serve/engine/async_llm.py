@@ -18,13 +18,13 @@ import threading
 from collections.abc import AsyncIterator
 
 from autoglm_serve.config import EngineConfig
-from autoglm_serve.engine.core import CoreOutput, engine_limits
+from autoglm_serve.engine.core import CoreOutput
 from autoglm_serve.engine.core_client import ProcessCoreClient, ThreadCoreClient
 from autoglm_serve.engine.core_stats import CoreStats, EngineInfo
 from autoglm_serve.engine.frontend import Frontend
 from autoglm_serve.engine.input_processor import PreparedPrompt
-from autoglm_serve.engine.model_setup import resolve
 from autoglm_serve.engine.output_collector import RequestOutputCollector
+from autoglm_serve.engine.settings import resolve_settings
 from autoglm_serve.outputs import RequestError, RequestOutput
 from autoglm_serve.sampling_params import SamplingParams
 
@@ -51,19 +51,18 @@ class AsyncLLM:
     def __init__(self, config: EngineConfig, max_waiting: int = 4096, core_process: bool = True):
         self.config = config
         self.max_waiting = max_waiting
-        resolved = resolve(config)
-        engine_limits(config, resolved.config)   # a bad setting fails here, before any load
+        settings = resolve_settings(config)   # a bad setting fails here, before any load
         if core_process:
-            self.client = ProcessCoreClient(config)   # loads the model while we go on
+            self.client = ProcessCoreClient(settings)   # loads the model while we go on
             try:
-                self.frontend = Frontend(config, resolved)
+                self.frontend = Frontend(settings)
                 self.info: EngineInfo = self.client.wait_ready()
             except BaseException:
                 self.client.shutdown(timeout=0)
                 raise
         else:
-            self.client = ThreadCoreClient(config)
-            self.frontend = Frontend(config, resolved)
+            self.client = ThreadCoreClient(settings)
+            self.frontend = Frontend(settings)
             self.info = self.client.wait_ready()
         self.tokenizer = self.frontend.tokenizer
         self.stats = CoreStats()

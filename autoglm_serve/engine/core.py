@@ -12,14 +12,14 @@ from dataclasses import dataclass
 
 import torch
 
-from autoglm_serve.config import EngineConfig
 from autoglm_serve.engine.fault_isolation import FaultIsolation, is_fatal
 from autoglm_serve.engine.kv_cache import KVCacheManager
 from autoglm_serve.engine.memory_plan import image_processor, size_kv_cache
-from autoglm_serve.engine.model_setup import LoadedModel, load_model, text_config
+from autoglm_serve.engine.model_setup import LoadedModel, load_model
 from autoglm_serve.engine.request import Request, RequestStatus
 from autoglm_serve.engine.runner import InFlightStep, ModelRunner
 from autoglm_serve.engine.scheduler import Scheduler
+from autoglm_serve.engine.settings import EngineSettings
 from autoglm_serve.engine.sampler import SamplerOutput, make_generator
 from autoglm_serve.models.layers.attention import AttentionBackend
 from autoglm_serve.outputs import RequestError
@@ -66,32 +66,14 @@ def select_backend(name: str, device: torch.device) -> AttentionBackend:
     return TorchAttentionBackend()
 
 
-def engine_limits(config: EngineConfig, hf_config) -> tuple[int, int]:
-    """max_model_len and max_num_batched_tokens for this config and model (the front-end
-    computes them too, without loading the model); raises when they cannot work."""
-    tcfg = text_config(hf_config)
-    max_model_len = min(config.max_model_len or tcfg.max_position_embeddings,
-                        tcfg.max_position_embeddings)
-    if config.max_model_len and config.max_model_len > tcfg.max_position_embeddings:
-        raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
-                         f"max_position_embeddings={tcfg.max_position_embeddings}")
-    max_num_batched_tokens = config.max_num_batched_tokens or (
-        max(2048, config.max_num_seqs) if config.enable_chunked_prefill else max_model_len)
-    if not config.enable_chunked_prefill and max_num_batched_tokens < max_model_len:
-        raise ValueError(f"without chunked prefill, max_num_batched_tokens "
-                         f"({max_num_batched_tokens}) must be >= max_model_len "
-                         f"({max_model_len})")
-    return max_model_len, max_num_batched_tokens
-
-
 class EngineCore:
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None):
-        self.config = config
+    def __init__(self, settings: EngineSettings, loaded: LoadedModel | None = None):
+        config = self.config = settings.config
         self.device = config.resolve_device()
-        self.loaded = loaded or load_model(config, self.device)
-        self.max_model_len, self.max_num_batched_tokens = engine_limits(config,
-                                                                        self.loaded.hf_config)
-        self.vocab_size = text_config(self.loaded.hf_config).vocab_size
+        self.loaded = loaded or load_model(settings, self.device)
+        self.max_model_len = settings.max_model_len
+        self.max_num_batched_tokens = settings.max_num_batched_tokens
+        self.vocab_size = settings.vocab_size
         self.runner = self._make_runner()
         self.cache = size_kv_cache(config, self.runner, self.device, self.max_model_len,
                                    self.loaded)

@@ -17,7 +17,6 @@ import threading
 from collections.abc import Callable
 from multiprocessing.connection import wait
 
-from autoglm_serve.config import EngineConfig
 from autoglm_serve.engine.core import CoreOutput
 from autoglm_serve.engine.core_loop import run_core_loop
 from autoglm_serve.engine.core_messages import (AbortRequests, AddRequests, CoreFailed,
@@ -25,6 +24,7 @@ from autoglm_serve.engine.core_messages import (AbortRequests, AddRequests, Core
 from autoglm_serve.engine.core_process import run_core_process
 from autoglm_serve.engine.core_stats import CoreStats, EngineInfo, engine_info
 from autoglm_serve.engine.request import Request
+from autoglm_serve.engine.settings import EngineSettings
 from autoglm_serve.engine.tensor_channel import TensorChannel
 
 logger = logging.getLogger(__name__)
@@ -43,13 +43,13 @@ class ProcessCoreClient:
     its socket is readable, so no thread has to win the GIL from a busy loop to hand them
     over."""
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, settings: EngineSettings):
         """Spawns the core process, which starts loading the model; wait_ready() waits for it
         (the front-end builds its tokenizer meanwhile)."""
         ctx = multiprocessing.get_context("spawn")   # CUDA cannot initialise in a forked child
         conn, child_conn = ctx.Pipe(duplex=True)
         self.process = ctx.Process(target=run_core_process, name="autoglm-engine-core",
-                                   args=(config, child_conn, logging.getLogger().level))
+                                   args=(settings, child_conn, logging.getLogger().level))
         self.process.start()
         child_conn.close()   # the child holds the only copy: its death reads as end-of-file here
         self.channel = TensorChannel(conn)
@@ -181,9 +181,9 @@ class ThreadCoreClient:
     """The core on a thread of this process: one process to debug, but the core then shares
     the GIL with the event loop (about half the throughput under many streams)."""
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, settings: EngineSettings):
         from autoglm_serve.engine.core import EngineCore
-        self.core = EngineCore(config)
+        self.core = EngineCore(settings)
         self.info = engine_info(self.core)
         self._inbox: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None

@@ -27,18 +27,19 @@ from multiprocessing.connection import Connection
 
 import torch
 
-from autoglm_serve.config import EngineConfig
 from autoglm_serve.engine.core_loop import run_core_loop
 from autoglm_serve.engine.core_messages import (CoreFailed, CoreOutputs, CoreReady, Shutdown,
                                                 merge_outputs)
+from autoglm_serve.engine.settings import EngineSettings
 from autoglm_serve.engine.tensor_channel import TensorChannel
 
 logger = logging.getLogger(__name__)
 
 
-def run_core_process(config: EngineConfig, conn: Connection, log_level: int) -> None:
+def run_core_process(settings: EngineSettings, conn: Connection, log_level: int) -> None:
     """The process's entry point (a spawned process: CUDA initialises here, not in the
     server)."""
+    config = settings.config
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=log_level, stream=sys.stdout,
@@ -51,7 +52,7 @@ def run_core_process(config: EngineConfig, conn: Connection, log_level: int) -> 
     from autoglm_serve.engine.core import EngineCore
     from autoglm_serve.engine.core_stats import engine_info
     try:
-        core = EngineCore(config)
+        core = EngineCore(settings)
     except BaseException as exc:   # reported to the server, which fails its start with it
         channel.send([CoreFailed(_picklable(exc), traceback.format_exc())])
         sys.exit(1)

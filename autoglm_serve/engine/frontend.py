@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import itertools
 
-from autoglm_serve.config import EngineConfig
-from autoglm_serve.engine.core import engine_limits
 from autoglm_serve.engine.input_processor import InputProcessor, PreparedPrompt
 from autoglm_serve.engine.model_setup import (generation_config, generation_defaults, is_builtin,
-                                              resolve, text_config)
+                                              text_config)
 from autoglm_serve.engine.output_processor import OutputProcessor
-from autoglm_serve.loader.model_path import ResolvedModel
+from autoglm_serve.engine.settings import EngineSettings
 from autoglm_serve.models.configs.glm_tokenizer import TAG_OFFSETS
 from autoglm_serve.models.registry import resolve_model_class
 from autoglm_serve.tokenizer import load_tokenizer
@@ -32,13 +30,12 @@ def eos_ids(tokenizer, hf_config, gen_config: dict) -> set[int]:
 
 
 class Frontend:
-    def __init__(self, config: EngineConfig, resolved: ResolvedModel | None = None):
-        """resolved: the checkpoint, when already resolved."""
-        self.config = config
-        self.resolved = resolved or resolve(config)
-        self.hf_config = self.resolved.config
-        self.max_model_len, _ = engine_limits(config, self.hf_config)
-        self.vocab_size = text_config(self.hf_config).vocab_size
+    def __init__(self, settings: EngineSettings):
+        config = self.config = settings.config
+        self.resolved = settings.model
+        self.hf_config = settings.hf_config
+        self.max_model_len = settings.max_model_len
+        self.vocab_size = settings.vocab_size
         gen_config = generation_config(self.resolved)     # read once: defaults and EOS ids
         self.generation_defaults = generation_defaults(gen_config)
         self.tokenizer = None if config.skip_tokenizer_init else self._load_tokenizer()

@@ -6,19 +6,19 @@ instead (engine/async_llm.py) with the same front-end.
 """
 from __future__ import annotations
 
-from autoglm_serve.config import EngineConfig
 from autoglm_serve.engine.core import EngineCore
 from autoglm_serve.engine.frontend import Frontend
 from autoglm_serve.engine.input_processor import PreparedPrompt
 from autoglm_serve.engine.model_setup import LoadedModel
+from autoglm_serve.engine.settings import EngineSettings
 from autoglm_serve.outputs import RequestOutput
 from autoglm_serve.sampling_params import SamplingParams
 
 
 class LLMEngine(Frontend):
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None):
-        self.core = EngineCore(config, loaded)
-        super().__init__(config, self.core.loaded.resolved)
+    def __init__(self, settings: EngineSettings, loaded: LoadedModel | None = None):
+        self.core = EngineCore(settings, loaded)
+        super().__init__(settings)
 
     def add_request(self, request_id: str, prompt: PreparedPrompt, params: SamplingParams,
                     delta: bool = False, final_only: bool = False) -> None:

@@ -72,9 +72,11 @@ def generation_defaults(gen_config: dict) -> dict:
     return {k: gen_config[k] for k in keys if k in gen_config}
 
 
-def load_model(config: EngineConfig, device: torch.device) -> LoadedModel:
+def load_model(settings, device: torch.device) -> LoadedModel:
+    """settings: the EngineSettings (engine/settings.py), whose checkpoint is already
+    resolved."""
     start = time.monotonic()
-    resolved = resolve(config)
+    config, resolved = settings.config, settings.model
     hf_config = resolved.config
     model_cls = resolve_model_class(hf_config)
     dtype = config.resolve_dtype(text_config(hf_config), device)
