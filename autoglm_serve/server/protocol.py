@@ -1,9 +1,10 @@
 """Request and response bodies of the OpenAI-compatible API (field names of OpenAI and vLLM).
 
 Requests allow unknown fields (clients such as LangChain send extras that vLLM ignores too);
-values are checked here for type and shape, and by SamplingParams for ranges. Numbers must be
-finite (Python's JSON reader takes `Infinity` and `NaN`), and text must be valid Unicode: a lone
-surrogate (JSON's "\ud800") cannot be tokenized or sent back.
+values are checked here for type and shape, and by SamplingParams for ranges. Numbers are
+strict (JSON's `true` or "0.5" is not a temperature, though pydantic's lax mode would take it)
+and must be finite (Python's JSON reader takes `Infinity` and `NaN`); text must be valid
+Unicode: a lone surrogate (JSON's "\ud800") cannot be tokenized or sent back.
 
 Fields a client may send that we cannot honour yet (a non-empty `logit_bias`, a forced tool
 choice, a JSON response format) are refused with 400 rather than silently ignored.
@@ -14,8 +15,8 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt,
-                      field_validator)
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat,
+                      StrictInt, field_validator)
 
 
 def random_id(prefix: str) -> str:
@@ -51,7 +52,7 @@ class TextPart(BaseModel):
 
 class ImagePart(BaseModel):
     type: Literal["image_url"]
-    image_url: ImageURL
+    image_url: ImageURL | str   # str: in the schema only; the validator makes it an ImageURL
 
     @field_validator("image_url", mode="before")
     @classmethod
@@ -79,13 +80,13 @@ class _SamplingFields(_Request):
     """Sampling fields common to both endpoints; None means "the model's default"."""
     model: str | None = None
     n: StrictInt = 1
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: StrictFloat | None = None
+    top_p: StrictFloat | None = None
     top_k: StrictInt | None = None
-    min_p: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
+    min_p: StrictFloat | None = None
+    frequency_penalty: StrictFloat | None = None
+    presence_penalty: StrictFloat | None = None
+    repetition_penalty: StrictFloat | None = None
     seed: StrictInt | None = None
     stop: Text | list[Text] | None = None
     stop_token_ids: list[StrictInt] | None = None
