@@ -18,6 +18,8 @@ from typing import Annotated, Any, Literal
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat,
                       StrictInt, field_validator)
 
+from autoglm_serve.sampling_params import MAX_LOGPROBS, SEED_MAX, SEED_MIN
+
 
 def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
@@ -77,21 +79,23 @@ class StreamOptions(BaseModel):
 
 
 class _SamplingFields(_Request):
-    """Sampling fields common to both endpoints; None means "the model's default"."""
+    """Sampling fields common to both endpoints; None means "the model's default". The ranges
+    are SamplingParams' own, here so that /openapi.json documents them (n's upper bound and
+    max_tokens' room in the context depend on the server, checked later)."""
     model: str | None = None
-    n: StrictInt = 1
-    temperature: StrictFloat | None = None
-    top_p: StrictFloat | None = None
-    top_k: StrictInt | None = None
-    min_p: StrictFloat | None = None
-    frequency_penalty: StrictFloat | None = None
-    presence_penalty: StrictFloat | None = None
-    repetition_penalty: StrictFloat | None = None
-    seed: StrictInt | None = None
+    n: StrictInt = Field(1, ge=1)
+    temperature: StrictFloat | None = Field(None, ge=0)
+    top_p: StrictFloat | None = Field(None, gt=0, le=1)
+    top_k: StrictInt | None = Field(None, ge=-1)   # -1 and 0: off
+    min_p: StrictFloat | None = Field(None, ge=0, le=1)
+    frequency_penalty: StrictFloat | None = Field(None, ge=-2, le=2)
+    presence_penalty: StrictFloat | None = Field(None, ge=-2, le=2)
+    repetition_penalty: StrictFloat | None = Field(None, gt=0)
+    seed: StrictInt | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stop: Text | list[Text] | None = None
-    stop_token_ids: list[StrictInt] | None = None
-    max_tokens: StrictInt | None = None
-    min_tokens: StrictInt = 0
+    stop_token_ids: list[Annotated[StrictInt, Field(ge=0)]] | None = None
+    max_tokens: StrictInt | None = Field(None, ge=1)
+    min_tokens: StrictInt = Field(0, ge=0)
     ignore_eos: StrictBool = False
     skip_special_tokens: StrictBool = True
     spaces_between_special_tokens: StrictBool = True
@@ -129,9 +133,9 @@ class NamedToolChoice(BaseModel):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = Field(None, ge=1)
     logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = None
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
     # Thinking: the AutoGLM deployment guides send these through extra_body.
     enable_thinking: StrictBool | None = None
     return_reasoning: StrictBool | None = None
@@ -155,7 +159,7 @@ class ChatCompletionRequest(_SamplingFields):
 class CompletionRequest(_SamplingFields):
     prompt: Text | list[Text] | list[StrictInt] | list[list[StrictInt]]
     best_of: StrictInt | None = None
-    logprobs: StrictInt | None = None
+    logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: StrictBool = False
     add_special_tokens: StrictBool = True
 
