@@ -16,7 +16,7 @@ import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat,
-                      StrictInt, field_validator)
+                      StrictInt, WithJsonSchema, field_validator)
 
 from autoglm_serve.sampling_params import MAX_LOGPROBS, SEED_MAX, SEED_MIN
 
@@ -156,8 +156,18 @@ class ChatCompletionRequest(_SamplingFields):
         return value
 
 
+# An empty prompt is refused after tokenizing ("the prompt is empty"); the schema says so too.
+_PROMPT_SCHEMA = {"anyOf": [
+    {"type": "string", "minLength": 1},
+    {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+    {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+    {"type": "array", "minItems": 1, "items": {"type": "array", "minItems": 1,
+                                               "items": {"type": "integer", "minimum": 0}}}]}
+
+
 class CompletionRequest(_SamplingFields):
-    prompt: Text | list[Text] | list[StrictInt] | list[list[StrictInt]]
+    prompt: Annotated[Text | list[Text] | list[StrictInt] | list[list[StrictInt]],
+                      WithJsonSchema(_PROMPT_SCHEMA)]
     best_of: StrictInt | None = None
     logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: StrictBool = False
