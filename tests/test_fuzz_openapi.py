@@ -1,6 +1,7 @@
 """Schemathesis against the server's own /openapi.json: every route, schema-valid and
-schema-breaking bodies. No request may get a 5xx, every 4xx is an OpenAI-shaped error, and
-afterwards nothing is left running or holding KV cache.
+schema-breaking bodies. No request may get a 5xx, a schema-breaking body must be refused, every
+status and JSON body must be the documented one (4xx: an OpenAI-shaped error, exactly its four
+keys), and afterwards nothing is left running or holding KV cache.
 
 The point is validation, not generation: the server's default max_tokens is 4 and a larger
 explicit one that fits the context is cut to 4 before sending, so each case costs at most
@@ -17,7 +18,9 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import negative_data_rejection
+from schemathesis.specs.openapi.checks import (negative_data_rejection,
+                                               response_schema_conformance,
+                                               status_code_conformance)
 
 from tests.server_fixtures import metric, server_fixture
 
@@ -82,7 +85,8 @@ def _bounded(case) -> None:
 def test_openapi_fuzz(case, server):
     _bounded(case)
     response = case.call_and_validate(timeout=120, checks=[
-        not_a_server_error, negative_data_rejection, openai_error_shape])
+        not_a_server_error, negative_data_rejection, status_code_conformance,
+        response_schema_conformance, openai_error_shape])
     SEEN[(case.operation.label, response.status_code)] += 1
 
 

@@ -191,6 +191,18 @@ class DetokenizeRequest(_Request):
 
 
 # ---- responses ----------------------------------------------------------------------------
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """Every 4xx and 5xx (errors.py): documented so, FastAPI's 422 never leaves the server."""
+    error: ErrorBody
+
+
 class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
 
