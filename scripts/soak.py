@@ -120,6 +120,15 @@ def listening_pid(port: int) -> int | None:
     return None
 
 
+def _die_with_parent() -> None:
+    """A killed soak must not leave its server behind (Linux: PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except OSError:
+        pass
+
+
 def start_server(extra: list[str]) -> tuple[subprocess.Popen, str, Path]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -130,7 +139,7 @@ def start_server(extra: list[str]) -> tuple[subprocess.Popen, str, Path]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env,
-                            cwd=ROOT)
+                            cwd=ROOT, preexec_fn=_die_with_parent)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
