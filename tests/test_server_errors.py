@@ -42,6 +42,11 @@ CASES = [
     ("n 0", "POST", CHAT, chat(n=0), None, 400, "n", None),
     ("temperature < 0", "POST", CHAT, chat(temperature=-0.5), None, 400, "temperature", None),
     ("temperature string", "POST", CHAT, chat(temperature="hot"), None, 400, "temperature", None),
+    # pydantic's lax mode took these as 0.0 and 0.5 (found by tests/test_fuzz_openapi.py)
+    ("presence_penalty false", "POST", CHAT, chat(presence_penalty=False), None, 400,
+     "presence_penalty", None),
+    ("temperature numeric string", "POST", COMP, {"prompt": "hi", "temperature": "0.5"}, None,
+     400, "temperature", None),
     ("top_p > 1", "POST", CHAT, chat(top_p=1.5), None, 400, "top_p", None),
     ("top_p 0", "POST", CHAT, chat(top_p=0), None, 400, "top_p", None),
     ("top_k -2", "POST", CHAT, chat(top_k=-2), None, 400, "top_k", None),

@@ -7,7 +7,7 @@ import time
 from collections.abc import Awaitable
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 import autoglm_serve
 from autoglm_serve.engine.async_llm import AsyncLLM
@@ -15,8 +15,9 @@ from autoglm_serve.server.args import ServerSettings
 from autoglm_serve.server.chat import render_messages
 from autoglm_serve.server.errors import OpenAIError, install_error_handlers
 from autoglm_serve.server.metrics import ServerMetrics
-from autoglm_serve.server.protocol import (ChatCompletionRequest, CompletionRequest,
-                                           DetokenizeRequest, TokenizeRequest)
+from autoglm_serve.server.protocol import (ChatCompletionRequest, ChatCompletionResponse,
+                                           CompletionRequest, CompletionResponse,
+                                           DetokenizeRequest, ErrorResponse, TokenizeRequest)
 from autoglm_serve.server.serving import Serving
 from autoglm_serve.server.serving_chat import ChatHandler
 from autoglm_serve.server.serving_completions import CompletionHandler
@@ -129,9 +130,16 @@ def _respond(result):
     return JSONResponse(result.model_dump(exclude_none=False))
 
 
+def _ok(model) -> dict:
+    return {200: {"model": model, "description": "the completion; with stream: server-sent "
+                  "events of its chunks, then data: [DONE]"}}
+
+
 def build_app(engine: AsyncLLM, settings: ServerSettings, gpu_stats=None) -> FastAPI:
+    # Declaring 4XX also keeps FastAPI from documenting its 422, which errors.py turns into 400.
+    errors = {"model": ErrorResponse, "description": "an OpenAI-style error"}
     app = FastAPI(title="autoglm-serve", version=autoglm_serve.__version__, docs_url=None,
-                  redoc_url=None)
+                  redoc_url=None, responses={"4XX": errors, "5XX": errors})
     install_error_handlers(app)
     metrics = ServerMetrics(engine, settings.served_model_names[0], gpu_stats)
     serving = Serving(engine, settings, metrics)
@@ -140,13 +148,13 @@ def build_app(engine: AsyncLLM, settings: ServerSettings, gpu_stats=None) -> Fas
     created = int(time.time())
     app.state.serving = serving
 
-    @app.get("/health")
+    @app.get("/health", response_class=Response)   # an empty 200, not JSON
     async def health():
         if engine.dead is not None:
             raise OpenAIError(503, f"the engine has stopped: {engine.dead!r}")
         return Response(status_code=200)
 
-    @app.get("/ping")
+    @app.get("/ping", response_class=Response)
     async def ping():
         return await health()
 
@@ -154,7 +162,7 @@ def build_app(engine: AsyncLLM, settings: ServerSettings, gpu_stats=None) -> Fas
     async def version():
         return {"version": autoglm_serve.__version__}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus_metrics():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -166,11 +174,11 @@ def build_app(engine: AsyncLLM, settings: ServerSettings, gpu_stats=None) -> Fas
              "root": root, "parent": None, "max_model_len": serving.max_model_len,
              "permission": []} for name in settings.served_model_names]}
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=_ok(ChatCompletionResponse))
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return _respond(await until_disconnect(request, chat.create(body)))
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=_ok(CompletionResponse))
     async def text_completions(body: CompletionRequest, request: Request):
         return _respond(await until_disconnect(request, completions.create(body)))
 

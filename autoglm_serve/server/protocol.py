@@ -1,9 +1,10 @@
 """Request and response bodies of the OpenAI-compatible API (field names of OpenAI and vLLM).
 
 Requests allow unknown fields (clients such as LangChain send extras that vLLM ignores too);
-values are checked here for type and shape, and by SamplingParams for ranges. Numbers must be
-finite (Python's JSON reader takes `Infinity` and `NaN`), and text must be valid Unicode: a lone
-surrogate (JSON's "\ud800") cannot be tokenized or sent back.
+values are checked here for type and shape, and by SamplingParams for ranges. Numbers are
+strict (JSON's `true` or "0.5" is not a temperature, though pydantic's lax mode would take it)
+and must be finite (Python's JSON reader takes `Infinity` and `NaN`); text must be valid
+Unicode: a lone surrogate (JSON's "\ud800") cannot be tokenized or sent back.
 
 Fields a client may send that we cannot honour yet (a non-empty `logit_bias`, a forced tool
 choice, a JSON response format) are refused with 400 rather than silently ignored.
@@ -14,8 +15,10 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt,
-                      field_validator)
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat,
+                      StrictInt, WithJsonSchema, field_validator)
+
+from autoglm_serve.sampling_params import MAX_LOGPROBS, SEED_MAX, SEED_MIN
 
 
 def random_id(prefix: str) -> str:
@@ -51,7 +54,7 @@ class TextPart(BaseModel):
 
 class ImagePart(BaseModel):
     type: Literal["image_url"]
-    image_url: ImageURL
+    image_url: ImageURL | str   # str: in the schema only; the validator makes it an ImageURL
 
     @field_validator("image_url", mode="before")
     @classmethod
@@ -76,21 +79,23 @@ class StreamOptions(BaseModel):
 
 
 class _SamplingFields(_Request):
-    """Sampling fields common to both endpoints; None means "the model's default"."""
+    """Sampling fields common to both endpoints; None means "the model's default". The ranges
+    are SamplingParams' own, here so that /openapi.json documents them (n's upper bound and
+    max_tokens' room in the context depend on the server, checked later)."""
     model: str | None = None
-    n: StrictInt = 1
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: StrictInt | None = None
-    min_p: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
-    seed: StrictInt | None = None
+    n: StrictInt = Field(1, ge=1)
+    temperature: StrictFloat | None = Field(None, ge=0)
+    top_p: StrictFloat | None = Field(None, gt=0, le=1)
+    top_k: StrictInt | None = Field(None, ge=-1)   # -1 and 0: off
+    min_p: StrictFloat | None = Field(None, ge=0, le=1)
+    frequency_penalty: StrictFloat | None = Field(None, ge=-2, le=2)
+    presence_penalty: StrictFloat | None = Field(None, ge=-2, le=2)
+    repetition_penalty: StrictFloat | None = Field(None, gt=0)
+    seed: StrictInt | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stop: Text | list[Text] | None = None
-    stop_token_ids: list[StrictInt] | None = None
-    max_tokens: StrictInt | None = None
-    min_tokens: StrictInt = 0
+    stop_token_ids: list[Annotated[StrictInt, Field(ge=0)]] | None = None
+    max_tokens: StrictInt | None = Field(None, ge=1)
+    min_tokens: StrictInt = Field(0, ge=0)
     ignore_eos: StrictBool = False
     skip_special_tokens: StrictBool = True
     spaces_between_special_tokens: StrictBool = True
@@ -128,9 +133,9 @@ class NamedToolChoice(BaseModel):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = Field(None, ge=1)
     logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = None
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
     # Thinking: the AutoGLM deployment guides send these through extra_body.
     enable_thinking: StrictBool | None = None
     return_reasoning: StrictBool | None = None
@@ -151,10 +156,20 @@ class ChatCompletionRequest(_SamplingFields):
         return value
 
 
+# An empty prompt is refused after tokenizing ("the prompt is empty"); the schema says so too.
+_PROMPT_SCHEMA = {"anyOf": [
+    {"type": "string", "minLength": 1},
+    {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+    {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+    {"type": "array", "minItems": 1, "items": {"type": "array", "minItems": 1,
+                                               "items": {"type": "integer", "minimum": 0}}}]}
+
+
 class CompletionRequest(_SamplingFields):
-    prompt: Text | list[Text] | list[StrictInt] | list[list[StrictInt]]
+    prompt: Annotated[Text | list[Text] | list[StrictInt] | list[list[StrictInt]],
+                      WithJsonSchema(_PROMPT_SCHEMA)]
     best_of: StrictInt | None = None
-    logprobs: StrictInt | None = None
+    logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: StrictBool = False
     add_special_tokens: StrictBool = True
 
@@ -176,6 +191,18 @@ class DetokenizeRequest(_Request):
 
 
 # ---- responses ----------------------------------------------------------------------------
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """Every 4xx and 5xx (errors.py): documented so, FastAPI's 422 never leaves the server."""
+    error: ErrorBody
+
+
 class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
 
