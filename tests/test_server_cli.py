@@ -124,7 +124,7 @@ def tiny_server(tiny):
          "--enable-prefix-caching", "--dtype", "float32", "--load-format", "safetensors",
          "--mm_processor_kwargs", '{"max_pixels": 5000000}', "--limit-mm-per-prompt",
          '{"image": 10}', "--kv-cache-memory-gib", "0.05", "--graceful-shutdown-timeout", "60",
-         "--reasoning-parser", "glm45"],
+         "--reasoning-parser", "glm45", "--trust-request-chat-template"],
         module="autoglm_serve.entrypoints.openai.api_server", subcommand=None)
     server.start()
     yield server

@@ -127,6 +127,9 @@ CASES = [
      chat(max_completion_tokens=MAX_LEN), None, 400, "max_completion_tokens", None),
     ("max_tokens beyond the context, completions", "POST", COMP,
      {"prompt": "hi", "max_tokens": 10**6}, None, 400, "max_tokens", None),
+    ("a request's chat_template", "POST", CHAT,
+     chat(chat_template="{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
+                        "{% endfor %}"), None, 400, "chat_template", "--trust-request"),
     ("detokenize out of vocab", "POST", "/detokenize", {"tokens": [-1]}, None, 400, "tokens",
      None),
     ("tokenize nothing", "POST", "/tokenize", {}, None, 400, "prompt", None),

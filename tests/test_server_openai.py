@@ -24,7 +24,8 @@ def server():
     # max_new_tokens bounds the unbounded chat requests (the LangChain snippet sets no
     # max_tokens) so the test stays short on a CPU; requests' own max_tokens still win.
     yield from server_fixture(["--max-model-len", "2048", "--served-model-name", MODEL, "smol",
-                               "--override-generation-config", '{"max_new_tokens": 48}'])
+                               "--override-generation-config", '{"max_new_tokens": 48}',
+                               "--trust-request-chat-template"])
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ class ServerSettings:
     max_request_body_bytes: int = int(DEFAULT_MAX_BODY_MB * 2**20)
     max_waiting_requests: int = 4096
     max_n: int = 128
+    trust_request_chat_template: bool = False
     max_queued_tokens: int | None = None      # None: see Serving
     reasoning_parser: str | None = None
     allowed_local_media_path: str | None = None
@@ -126,6 +127,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="accepted for vLLM compatibility; no remote code is ever run")
     m.add_argument("--revision", default=None, help="accepted for vLLM compatibility")
     m.add_argument("--chat-template", default=None, help="a Jinja file, or the template itself")
+    m.add_argument("--trust-request-chat-template", action="store_true",
+                   help="let requests bring their own chat_template (off: a template is code "
+                        "that runs on the server; a crafted one loops for minutes)")
     m.add_argument("--chat-template-content-format", default="auto",
                    choices=["auto", "string", "openai"])
     m.add_argument("--generation-config", default="auto",
@@ -289,7 +293,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         served_model_names=args.served_model_name or [default_served_name(model_from_args(args))],
         api_key=args.api_key, max_request_body_bytes=int(args.max_request_body_mb * 2**20),
         max_waiting_requests=args.max_waiting_requests, max_n=args.max_n,
-        max_queued_tokens=args.max_queued_tokens, reasoning_parser=args.reasoning_parser,
+        max_queued_tokens=args.max_queued_tokens,
+        trust_request_chat_template=args.trust_request_chat_template, reasoning_parser=args.reasoning_parser,
         allowed_local_media_path=args.allowed_local_media_path,
         uvicorn_log_level=args.uvicorn_log_level, access_log=args.enable_access_log,
         graceful_shutdown_timeout=args.graceful_shutdown_timeout,

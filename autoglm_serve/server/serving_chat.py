@@ -76,6 +76,11 @@ class ChatHandler:
         params = s.sampling_params(req, max_tokens=max_tokens,
                                    logprobs=(req.top_logprobs or 0) if req.logprobs else None,
                                    renames=renames)
+        if req.chat_template is not None and not s.settings.trust_request_chat_template:
+            # a template is code the event loop runs: two nested range(100000) loops in a
+            # 180-byte body held every other stream for minutes (vLLM refuses it too)
+            raise bad_request("a request's chat_template is refused unless the server runs "
+                              "with --trust-request-chat-template", "chat_template")
         kwargs = dict(req.chat_template_kwargs or {})
         if req.enable_thinking is not None:
             kwargs.setdefault("enable_thinking", req.enable_thinking)
