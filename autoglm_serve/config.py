@@ -36,6 +36,7 @@ class EngineConfig:
     mm_processor_kwargs: dict = field(default_factory=dict)
     limit_mm_per_prompt: dict = field(default_factory=dict)
     chat_template: str | None = None
+    chat_template_content_format: str = "auto"    # auto | string | openai (vLLM's)
     allowed_local_media_path: str | None = None   # file:// images only from inside this folder
     allowed_media_domains: tuple[str, ...] = ()   # http(s) images only from these hosts
     log_stats_interval_s: float | None = None     # the server's periodic engine log line

@@ -27,12 +27,17 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The checkpoint's generation_config.json sampling defaults, as the server applies
+        them (vLLM's LLM does the same)."""
+        return SamplingParams(**self.engine.generation_defaults)
+
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  ) -> list[RequestOutput]:
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.get_default_sampling_params()
         params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError("give one SamplingParams, or one per prompt")
@@ -55,8 +60,9 @@ class LLM:
         """OpenAI-style messages, image_url parts included (data:, file:// inside
         allowed_local_media_path, http(s) of allowed_media_domains)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        params = sampling_params or SamplingParams()
-        return self._run([(lambda c=c: self.engine.prepare_chat(c, chat_template_kwargs), params)
+        params = sampling_params or self.get_default_sampling_params()
+        return self._run([(lambda c=c: self.engine.prepare_chat(
+            c, template_kwargs=chat_template_kwargs), params)
                           for c in conversations])
 
     def _run(self, items) -> list[RequestOutput]:

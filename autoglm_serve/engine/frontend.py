@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import itertools
 
+from autoglm_serve.engine.chat_template import (PromptError, RenderedPrompt, content_format_for,
+                                                render_chat)
 from autoglm_serve.engine.input_processor import InputProcessor, PreparedPrompt
 from autoglm_serve.engine.model_setup import (generation_config, generation_defaults, is_builtin,
                                               text_config)
@@ -55,6 +57,9 @@ class Frontend:
                 config.limit_mm_per_prompt,
                 MediaPolicy(local_media_dir=config.allowed_local_media_path,
                             allowed_domains=tuple(config.allowed_media_domains)))
+        self.content_format = content_format_for(
+            config.chat_template_content_format, self.tokenizer,
+            self.mm_processor.placeholder_ids if self.mm_processor is not None else None)
         self._ids = itertools.count()
 
     def _load_tokenizer(self):
@@ -81,25 +86,27 @@ class Frontend:
         mm = self.mm_processor.build(token_ids, list(images))
         return PreparedPrompt(mm.token_ids, text, mm.items, mm.mrope)
 
-    def render_chat(self, messages: list[dict], chat_template_kwargs: dict | None = None
-                    ) -> tuple[str, list[str]]:
-        """The chat template applied (image parts reduced to markers) and the image URLs."""
-        from autoglm_serve.multimodal.processor import split_images
-        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError("this model's tokenizer has no chat template; pass chat_template")
-        rendered, urls = split_images(messages)
-        if urls and self.mm_processor is None:
-            raise ValueError(f"model {self.model_name} does not accept image input")
-        text = self.tokenizer.apply_chat_template(rendered, tokenize=False,
-                                                  add_generation_prompt=True,
-                                                  **(chat_template_kwargs or {}))
-        return text, urls
+    def render_chat(self, messages: list[dict], **options) -> RenderedPrompt:
+        """OpenAI-style messages through the chat template in this model's content format;
+        options: chat_template, template_kwargs, add_generation_prompt, continue_final_message,
+        tools. Raises PromptError."""
+        if self.tokenizer is None:
+            raise PromptError("this model has no tokenizer: give prompts as token ids")
+        rendered = render_chat(self.tokenizer, messages, self.content_format, **options)
+        if rendered.images and self.mm_processor is None:
+            raise PromptError(f"model {self.model_name} does not accept image input (it has "
+                              "no vision encoder)")
+        return rendered
 
-    def prepare_chat(self, messages: list[dict], chat_template_kwargs: dict | None = None
-                     ) -> PreparedPrompt:
-        text, urls = self.render_chat(messages, chat_template_kwargs)
-        images = self.mm_processor.load_images(urls) if urls else []
-        return self.prepare(text, images, add_special_tokens=False)
+    def prepare_rendered(self, rendered: RenderedPrompt) -> PreparedPrompt:
+        """Tokenized, its images loaded under the media policy and their placeholders expanded:
+        seconds for a large image, so the server runs it on a worker thread."""
+        images = self.mm_processor.load_images([ref.url for ref in rendered.images]) \
+            if rendered.images else []
+        return self.prepare(rendered.prompt, images, add_special_tokens=False)
+
+    def prepare_chat(self, messages: list[dict], **options) -> PreparedPrompt:
+        return self.prepare_rendered(self.render_chat(messages, **options))
 
     def next_request_id(self) -> str:
         return f"req-{next(self._ids)}"

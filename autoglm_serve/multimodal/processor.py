@@ -1,7 +1,7 @@
-"""Chat messages with images → a prompt the engine can run.
+"""A rendered prompt's images → a prompt the engine can run.
 
-Image parts are pulled out of the OpenAI-style messages (the chat template only needs to know
-where an image goes), loaded under the media policy, preprocessed, and their single
+The images a chat template placed (engine/chat_template.py finds them in the messages) are
+loaded under the media policy, and their single
 ``<|image|>`` placeholders in the tokenized prompt expanded to one token per merged patch, with
 the M-RoPE positions that go with them.
 """
@@ -25,38 +25,6 @@ class MultiModalPrompt:
     token_ids: list[int]
     items: list[MultiModalItem]
     mrope: tuple | None          # (positions [3, L], delta)
-
-
-def image_url_of(part: dict) -> str:
-    """The URL of an image part, in the object or the bare-string form."""
-    value = part.get("image_url")
-    if isinstance(value, dict):
-        value = value.get("url")
-    if not isinstance(value, str) or not value:
-        raise MediaError("image_url part needs a url: {'type': 'image_url', "
-                         "'image_url': {'url': 'data:image/png;base64,...'}}")
-    return value
-
-
-def split_images(messages: list[dict]) -> tuple[list[dict], list[str]]:
-    """Messages for the chat template (image parts become {'type': 'image'}) and the image URLs
-    in order of appearance."""
-    urls: list[str] = []
-    rendered = []
-    for msg in messages:
-        content = msg.get("content")
-        if isinstance(content, list):
-            parts = []
-            for part in content:
-                if isinstance(part, dict) and part.get("type") in ("image_url", "image"):
-                    if part.get("type") == "image_url":
-                        urls.append(image_url_of(part))
-                    parts.append({"type": "image"})
-                else:
-                    parts.append(part)
-            msg = {**msg, "content": parts}
-        rendered.append(msg)
-    return rendered, urls
 
 
 class MultiModalProcessor:

@@ -11,8 +11,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 import autoglm_serve
 from autoglm_serve.engine.async_llm import AsyncLLM
+from autoglm_serve.engine.chat_template import PromptError
 from autoglm_serve.server.args import ServerSettings
-from autoglm_serve.server.chat import render_messages
 from autoglm_serve.server.errors import OpenAIError, install_error_handlers
 from autoglm_serve.server.metrics import ServerMetrics
 from autoglm_serve.server.protocol import (ChatCompletionRequest, ChatCompletionResponse,
@@ -191,9 +191,13 @@ def build_app(engine: AsyncLLM, settings: ServerSettings, gpu_stats=None) -> Fas
             kwargs = dict(body.chat_template_kwargs or {})
             if body.enable_thinking is not None:
                 kwargs.setdefault("enable_thinking", body.enable_thinking)
-            text = render_messages(serving.tokenizer, body.messages, template_kwargs=kwargs,
-                                   add_generation_prompt=body.add_generation_prompt,
-                                   **serving.content_options).prompt
+            try:
+                text = engine.frontend.render_chat(
+                    [m.model_dump(exclude_none=True) for m in body.messages],
+                    template_kwargs=kwargs,
+                    add_generation_prompt=body.add_generation_prompt).prompt
+            except PromptError as exc:
+                raise OpenAIError(400, str(exc), exc.param) from exc
             special = bool(body.add_special_tokens)
         else:
             text = body.prompt

@@ -38,7 +38,6 @@ class ServerSettings:
     graceful_shutdown_timeout: float = 30.0
     use_generation_config: bool = True
     generation_overrides: dict = field(default_factory=dict)
-    chat_template_content_format: str = "auto"
 
 
 # vLLM flags that deployment lines carry and that change nothing here: accepted, and logged at
@@ -275,6 +274,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         attention_backend=args.attention_backend, mm_processor_kwargs=args.mm_processor_kwargs,
         limit_mm_per_prompt=args.limit_mm_per_prompt,
         chat_template=_read_chat_template(args.chat_template),
+        chat_template_content_format=args.chat_template_content_format,
         allowed_local_media_path=args.allowed_local_media_path,
         allowed_media_domains=tuple(args.allowed_media_domains or ()),
         log_stats_interval_s=None if args.disable_log_stats else args.log_stats_interval)
@@ -294,13 +294,13 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         api_key=args.api_key, max_request_body_bytes=int(args.max_request_body_mb * 2**20),
         max_waiting_requests=args.max_waiting_requests, max_n=args.max_n,
         max_queued_tokens=args.max_queued_tokens,
-        trust_request_chat_template=args.trust_request_chat_template, reasoning_parser=args.reasoning_parser,
+        trust_request_chat_template=args.trust_request_chat_template,
+        reasoning_parser=args.reasoning_parser,
         allowed_local_media_path=args.allowed_local_media_path,
         uvicorn_log_level=args.uvicorn_log_level, access_log=args.enable_access_log,
         graceful_shutdown_timeout=args.graceful_shutdown_timeout,
         use_generation_config=args.generation_config == "auto",
-        generation_overrides=args.override_generation_config,
-        chat_template_content_format=args.chat_template_content_format)
+        generation_overrides=args.override_generation_config)
 
 
 def build_parser(prog: str = "autoglm-serve serve") -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
+from autoglm_serve.engine.input_processor import PreparedPrompt
 from autoglm_serve.engine.async_llm import (AsyncLLM, EngineDeadError, QueueFullError,
                                             RequestFailedError)
 from autoglm_serve.outputs import RequestOutput
@@ -23,7 +24,7 @@ from autoglm_serve.server.protocol import _SamplingFields
 
 # Prompts longer than this (characters) are tokenized on a worker thread, so one large prompt
 # does not stall every other stream on the event loop; short ones are cheaper inline.
-_THREAD_TOKENIZE_CHARS = 8192
+THREAD_TOKENIZE_CHARS = 8192
 _DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 RETRY_AFTER_S = 1
 
@@ -48,20 +49,6 @@ class Serving:
             16 * engine.info.kv_tokens, settings.max_n * self.max_model_len, 1 << 22)
         self.num_sequences = 0          # admitted and not yet finished: what the queue holds
         self.num_queued_tokens = 0
-        self.content_options = self._content_options()
-
-    def _content_options(self) -> dict:
-        """render_messages' content format and image placeholder for this model (vLLM's "auto":
-        content lists for a model that takes images, strings otherwise)."""
-        fmt = self.settings.chat_template_content_format
-        mm = self.engine.frontend.mm_processor
-        if fmt == "auto":
-            fmt = "openai" if mm is not None else "string"
-        if mm is None or self.tokenizer is None:
-            return {"content_format": fmt}
-        start, image, end = self.tokenizer.convert_ids_to_tokens(list(mm.placeholder_ids))
-        return {"content_format": fmt, "image_placeholder": start + image + end,
-                "image_token": image}
 
     def model_name(self, requested: str | None) -> str:
         if requested is None or requested == "":
@@ -119,7 +106,7 @@ class Serving:
         return Admission(self, num_sequences, num_tokens)
 
     async def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
-        if len(text) > _THREAD_TOKENIZE_CHARS:
+        if len(text) > THREAD_TOKENIZE_CHARS:
             return await asyncio.to_thread(self.tokenizer.encode, text,
                                            add_special_tokens=add_special_tokens)
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
@@ -142,12 +129,12 @@ class Serving:
                 f"you requested {len(token_ids) + value} tokens ({len(token_ids)} in the prompt, "
                 f"{value} in the completion). Reduce the prompt or {field}.", field)
 
-    async def start(self, request_id: str, token_ids: list[int], params: SamplingParams,
-                    param: str, admission: Admission, **mm) -> RequestStream:
+    async def start(self, request_id: str, prompt: PreparedPrompt, params: SamplingParams,
+                    param: str, admission: Admission) -> RequestStream:
         """Adds the request and waits for its first output, so that every engine refusal
         becomes an HTTP status before a response (or a stream) begins. The stream holds a
         share of the admission, given back when it closes."""
-        gen = self.engine.generate(request_id, token_ids, params, add_special_tokens=False, **mm)
+        gen = self.engine.generate(request_id, prompt, params)
         try:
             first = await gen.__anext__()
         except QueueFullError as exc:
@@ -156,8 +143,9 @@ class Serving:
             raise stream_error(exc) from exc
         except ValueError as exc:
             raise bad_request(str(exc), param) from exc
-        share = admission.share(params.n, params.n * len(token_ids))
-        return RequestStream(gen, first, self.metrics, len(token_ids), share)
+        n_tokens = len(prompt.token_ids)
+        share = admission.share(params.n, params.n * n_tokens)
+        return RequestStream(gen, first, self.metrics, n_tokens, share)
 
 
 def stream_error(exc: EngineDeadError | RequestFailedError | OpenAIError) -> OpenAIError:

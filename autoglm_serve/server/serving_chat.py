@@ -7,9 +7,9 @@ import time
 from collections.abc import AsyncIterator
 
 from autoglm_serve.engine.async_llm import EngineDeadError, RequestFailedError
+from autoglm_serve.engine.chat_template import PromptError
 from autoglm_serve.multimodal.media import MediaError
 from autoglm_serve.outputs import Logprob
-from autoglm_serve.server.chat import RenderedPrompt, render_messages
 from autoglm_serve.server.errors import OpenAIError, bad_request
 from autoglm_serve.server.protocol import (ChatChoice, ChatCompletionRequest,
                                            ChatCompletionResponse, ChatLogprobs,
@@ -17,7 +17,8 @@ from autoglm_serve.server.protocol import (ChatChoice, ChatCompletionRequest,
                                            TopLogprob, Usage, random_id)
 from autoglm_serve.server.reasoning import (ReasoningSplitter, prompt_opens_thinking,
                                             split_reasoning)
-from autoglm_serve.server.serving import RequestStream, Serving, stream_error
+from autoglm_serve.server.serving import (THREAD_TOKENIZE_CHARS, RequestStream, Serving,
+                                          stream_error)
 
 
 def chat_logprobs(entries: list[dict[int, Logprob]], token_ids: list[int], top_n: int
@@ -39,28 +40,6 @@ def chat_logprobs(entries: list[dict[int, Logprob]], token_ids: list[int], top_n
 class ChatHandler:
     def __init__(self, serving: Serving):
         self.s = serving
-
-    async def _multimodal_inputs(self, rendered: RenderedPrompt, token_ids: list[int]
-                                 ) -> tuple[list[int], dict]:
-        """Token ids with each image's placeholder expanded, and the engine's image inputs.
-        Fetching, decoding and preprocessing run in a worker thread: never on the event loop
-        that feeds the other streams."""
-        if not rendered.images:
-            return token_ids, {}
-        mm_processor = self.s.engine.frontend.mm_processor
-        if mm_processor is None:
-            raise bad_request(f"model {self.s.served_names[0]!r} does not accept image input "
-                              "(it has no vision encoder)", "messages")
-
-        def build():
-            images = mm_processor.load_images([ref.url for ref in rendered.images])
-            return mm_processor.build(token_ids, images)
-
-        try:
-            mm = await asyncio.to_thread(build)
-        except MediaError as exc:
-            raise bad_request(str(exc), "messages") from exc
-        return mm.token_ids, {"mm_items": mm.items, "mrope": mm.mrope}
 
     async def create(self, req: ChatCompletionRequest):
         s = self.s
@@ -84,13 +63,23 @@ class ChatHandler:
         kwargs = dict(req.chat_template_kwargs or {})
         if req.enable_thinking is not None:
             kwargs.setdefault("enable_thinking", req.enable_thinking)
-        rendered = render_messages(
-            s.tokenizer, req.messages, chat_template=req.chat_template, template_kwargs=kwargs,
-            add_generation_prompt=req.add_generation_prompt,
-            continue_final_message=req.continue_final_message, tools=req.tools,
-            **s.content_options)
-        token_ids = await s.tokenize(rendered.prompt, add_special_tokens=False)
-        token_ids, mm = await self._multimodal_inputs(rendered, token_ids)
+        frontend = s.engine.frontend
+        try:
+            rendered = frontend.render_chat(
+                [m.model_dump(exclude_none=True) for m in req.messages],
+                chat_template=req.chat_template, template_kwargs=kwargs,
+                add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message, tools=req.tools)
+            # images are fetched, decoded and hashed, long prompts tokenized, on a worker
+            # thread: never on the event loop that feeds the other streams
+            prompt = await asyncio.to_thread(frontend.prepare_rendered, rendered) \
+                if rendered.images or len(rendered.prompt) > THREAD_TOKENIZE_CHARS \
+                else frontend.prepare_rendered(rendered)
+        except PromptError as exc:
+            raise bad_request(str(exc), exc.param) from exc
+        except MediaError as exc:
+            raise bad_request(str(exc), "messages") from exc
+        token_ids = prompt.token_ids
         asked = ("max_completion_tokens", req.max_completion_tokens) \
             if req.max_completion_tokens is not None \
             else ("max_tokens", req.max_tokens) if req.max_tokens is not None else None
@@ -101,7 +90,7 @@ class ChatHandler:
         request_id = random_id("chatcmpl")
         admission = s.admit(params.n, params.n * len(token_ids))
         try:
-            stream = await s.start(request_id, token_ids, params, "messages", admission, **mm)
+            stream = await s.start(request_id, prompt, params, "messages", admission)
         finally:
             admission.release()     # what the stream did not take: nothing, or all on failure
         if req.stream:

@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 
 from autoglm_serve.engine.async_llm import EngineDeadError, RequestFailedError
+from autoglm_serve.engine.input_processor import PreparedPrompt
 from autoglm_serve.outputs import Logprob, RequestOutput
 from autoglm_serve.server.errors import OpenAIError, bad_request
 from autoglm_serve.server.protocol import (CompletionChoice, CompletionLogprobs,
@@ -113,7 +114,8 @@ class CompletionHandler:
         try:
             for i, ids in enumerate(prompts):
                 rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-                streams.append(await s.start(rid, ids, params, "prompt", admission))
+                streams.append(await s.start(rid, PreparedPrompt(ids), params, "prompt",
+                                             admission))
         except BaseException:
             for st in streams:
                 await st.close()
