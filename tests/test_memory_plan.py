@@ -8,6 +8,7 @@ import torch
 
 from autoglm_serve import LLM, SamplingParams
 from autoglm_serve.engine.memory_plan import largest_image
+from autoglm_serve.engine.worst_step import profile_worst_step
 from tests.glm4v_fixtures import make_tiny_glm4v
 
 MAX_PIXELS = 120_000
@@ -35,7 +36,7 @@ def test_the_worst_step_runs_and_leaves_the_engine_as_it_was(llm):
     core = llm.engine.core
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     before = llm.generate([[1, 2, 3, 4, 5]], params)[0].outputs[0].token_ids
-    core.runner.profile_run(largest_image(core.config, core.loaded))
+    profile_worst_step(core.runner, largest_image(core.config, core.loaded))
     assert llm.generate([[1, 2, 3, 4, 5]], params)[0].outputs[0].token_ids == before
     assert core.kv.num_free_blocks == core.kv.num_blocks
 

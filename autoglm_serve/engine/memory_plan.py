@@ -3,7 +3,7 @@
 On a GPU the KV cache takes what is left of the process' share of the device (the smaller of
 --gpu-memory-utilization and a torch.cuda.set_per_process_memory_fraction cap) once the weights,
 the encoder cache's full budget and the peak activations of the worst step are counted. The
-worst step is measured, not guessed (ModelRunner.profile_run): the largest image the image
+worst step is measured, not guessed (engine/worst_step.py): the largest image the image
 settings allow through the vision tower, a forward over max_num_batched_tokens, and the sampler
 at max_num_seqs rows with every buffer it can build. A configuration that leaves the KV cache
 too small for one max_model_len request fails the start with the breakdown and what would fit.
@@ -19,6 +19,7 @@ from autoglm_serve.config import EngineConfig
 from autoglm_serve.engine.model_setup import LoadedModel
 from autoglm_serve.engine.request import MultiModalItem
 from autoglm_serve.engine.runner import ModelRunner
+from autoglm_serve.engine.worst_step import profile_worst_step
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def _profile_cuda(config: EngineConfig, runner: ModelRunner, device: torch.devic
                   loaded: LoadedModel, per_block: int) -> CacheSizing:
     torch.cuda.empty_cache()
     runner.allocate_kv_cache(1)
-    peaks = runner.profile_run(largest_image(config, loaded)
+    peaks = profile_worst_step(runner, largest_image(config, loaded)
                                if runner.encoder_cache is not None else None)
     activation = max(peaks.values())
     logger.info("the worst step's activations: %s", ", ".join(

@@ -17,7 +17,7 @@ from torch import nn
 from autoglm_serve.engine.fault_injection import FaultInjector
 from autoglm_serve.engine.host_transfer import to_device
 from autoglm_serve.engine.kv_cache import BlockTable
-from autoglm_serve.engine.request import MultiModalItem, Request
+from autoglm_serve.engine.request import Request
 from autoglm_serve.engine.sampler import Sampler, SamplerOutput, SamplingRow
 from autoglm_serve.engine.scheduler import ScheduledRequest
 from autoglm_serve.models.layers.attention import Attention, AttentionBackend, AttentionMetadata
@@ -376,65 +376,3 @@ class ModelRunner:
             self.encoder_cache.put(h, emb)
             found[h] = emb
         return found
-
-    @torch.inference_mode()
-    def profile_run(self, largest_image: MultiModalItem | None = None) -> dict[str, int]:
-        """The worst step this configuration allows, part by part: the largest image through
-        the vision tower (images are encoded one at a time), a forward over
-        max_num_batched_tokens tokens, and the sampler over max_num_seqs rows with every option
-        that adds buffers (full top-p sort, min-p, penalties over long prompts, logprobs, own
-        generators). Returns each part's peak of allocated bytes above the start, on CUDA
-        (the caller sizes the KV cache by the largest)."""
-        parts = {"vision tower": (lambda: self.model.embed_images(
-                     largest_image.patches(self.device), [largest_image.grid_thw]))
-                 if largest_image is not None else None,
-                 "forward": self._profile_forward, "sampler": self._profile_sampler}
-        peaks = {}
-        for name, run in parts.items():
-            if run is None:
-                continue
-            cuda = self.device.type == "cuda"
-            if cuda:
-                torch.cuda.synchronize(self.device)
-                torch.cuda.reset_peak_memory_stats(self.device)
-                start = torch.cuda.memory_allocated(self.device)
-            run()
-            if cuda:
-                torch.cuda.synchronize(self.device)
-                peaks[name] = torch.cuda.max_memory_allocated(self.device) - start
-        return peaks
-
-    def _profile_forward(self) -> None:
-        n = self.max_num_tokens
-        meta_seq = min(n, self.max_model_len)
-        num_seqs = (n + meta_seq - 1) // meta_seq
-        lens = [meta_seq] * (num_seqs - 1) + [n - meta_seq * (num_seqs - 1)]
-        qsl = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32)
-        seq_lens = torch.tensor(lens, dtype=torch.int32)
-        meta = AttentionMetadata(
-            num_seqs=num_seqs, num_decodes=0, num_tokens=n, max_query_len=max(lens),
-            max_seq_len=max(lens), query_start_loc=qsl.to(self.device),
-            seq_lens=seq_lens.to(self.device),
-            block_tables=torch.zeros(num_seqs, self.max_blocks_per_seq, dtype=torch.int32,
-                                     device=self.device),
-            slot_mapping=torch.full((n,), -1, dtype=torch.int64, device=self.device),
-            query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens)
-        ids = torch.zeros(n, dtype=torch.int64, device=self.device)
-        pos = torch.arange(n, device=self.device) % self.max_model_len
-        if self.uses_mrope:
-            pos = pos.expand(3, -1)
-        hidden = self.model(ids, pos, meta)
-        self.model.compute_logits(hidden[:min(n, self.max_num_seqs)])
-
-    def _profile_sampler(self) -> None:
-        from autoglm_serve.engine.sampler import make_generator
-        from autoglm_serve.sampling_params import MAX_LOGPROBS, SamplingParams
-        rows = self.max_num_seqs
-        logits = torch.randn(rows, self.vocab_size, device=self.device)
-        params = SamplingParams(temperature=1.0, top_p=0.85, min_p=0.01, repetition_penalty=1.1,
-                                frequency_penalty=0.2, logprobs=MAX_LOGPROBS, min_tokens=1)
-        prompt = range(self.max_model_len // 2)
-        output = range(self.max_model_len // 2, self.max_model_len - 1)
-        self.sampler.sample(logits, [SamplingRow(params, prompt, output,
-                                                 make_generator(i, self.device), (0,))
-                                     for i in range(rows)])

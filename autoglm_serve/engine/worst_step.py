@@ -1,0 +1,77 @@
+"""The worst step a configuration allows, run part by part on the runner's model for its peak
+memory (engine/memory_plan.py sizes the KV cache by it).
+
+Each part is run alone with the allocator's peak reset before it: the largest image through the
+vision tower (the runner encodes images one at a time), a forward over max_num_batched_tokens
+tokens, and the sampler over max_num_seqs rows with every option that adds buffers.
+"""
+from __future__ import annotations
+
+import torch
+
+from autoglm_serve.engine.request import MultiModalItem
+from autoglm_serve.engine.runner import ModelRunner
+from autoglm_serve.engine.sampler import SamplingRow, make_generator
+from autoglm_serve.models.layers.attention import AttentionMetadata
+from autoglm_serve.sampling_params import MAX_LOGPROBS, SamplingParams
+
+
+@torch.inference_mode()
+def profile_worst_step(runner: ModelRunner, largest_image: MultiModalItem | None = None
+                       ) -> dict[str, int]:
+    """Each part's peak of allocated bytes above its start, on CUDA (on a CPU the parts
+    run and nothing is measured)."""
+    parts = {"vision tower": (lambda: runner.model.embed_images(
+                 largest_image.patches(runner.device), [largest_image.grid_thw]))
+             if largest_image is not None else None,
+             "forward": lambda: _forward(runner), "sampler": lambda: _sampler(runner)}
+    peaks = {}
+    for name, run in parts.items():
+        if run is None:
+            continue
+        cuda = runner.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(runner.device)
+            torch.cuda.reset_peak_memory_stats(runner.device)
+            start = torch.cuda.memory_allocated(runner.device)
+        run()
+        if cuda:
+            torch.cuda.synchronize(runner.device)
+            peaks[name] = torch.cuda.max_memory_allocated(runner.device) - start
+    return peaks
+
+
+def _forward(self: ModelRunner) -> None:
+    """A prefill of max_num_batched_tokens tokens, in sequences of at most max_model_len."""
+    n = self.max_num_tokens
+    meta_seq = min(n, self.max_model_len)
+    num_seqs = (n + meta_seq - 1) // meta_seq
+    lens = [meta_seq] * (num_seqs - 1) + [n - meta_seq * (num_seqs - 1)]
+    qsl = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    meta = AttentionMetadata(
+        num_seqs=num_seqs, num_decodes=0, num_tokens=n, max_query_len=max(lens),
+        max_seq_len=max(lens), query_start_loc=qsl.to(self.device),
+        seq_lens=seq_lens.to(self.device),
+        block_tables=torch.zeros(num_seqs, self.max_blocks_per_seq, dtype=torch.int32,
+                                 device=self.device),
+        slot_mapping=torch.full((n,), -1, dtype=torch.int64, device=self.device),
+        query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens)
+    ids = torch.zeros(n, dtype=torch.int64, device=self.device)
+    pos = torch.arange(n, device=self.device) % self.max_model_len
+    if self.uses_mrope:
+        pos = pos.expand(3, -1)
+    hidden = self.model(ids, pos, meta)
+    self.model.compute_logits(hidden[:min(n, self.max_num_seqs)])
+
+def _sampler(self: ModelRunner) -> None:
+    """max_num_seqs rows of random logits through every sampling option."""
+    rows = self.max_num_seqs
+    logits = torch.randn(rows, self.vocab_size, device=self.device)
+    params = SamplingParams(temperature=1.0, top_p=0.85, min_p=0.01, repetition_penalty=1.1,
+                            frequency_penalty=0.2, logprobs=MAX_LOGPROBS, min_tokens=1)
+    prompt = range(self.max_model_len // 2)
+    output = range(self.max_model_len // 2, self.max_model_len - 1)
+    self.sampler.sample(logits, [SamplingRow(params, prompt, output,
+                                             make_generator(i, self.device), (0,))
+                                 for i in range(rows)])
