@@ -98,11 +98,6 @@ class LinearBase(nn.Module):
         default_weight_loader(param, loaded)
 
 
-class ReplicatedLinear(LinearBase):
-    def __init__(self, in_features, out_features, bias=False, linear_method=None, dtype=None):
-        super().__init__(in_features, out_features, bias, linear_method, dtype)
-
-
 class ColumnParallelLinear(LinearBase):
     """Output features split across ranks; each rank keeps its slice of rows."""
 
