@@ -87,15 +87,16 @@ def test_rotary_in_place_on_strided_views(dtype, interleaved, head_dim, rotary_d
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_self_check_passes_and_catches_a_wrong_kernel(monkeypatch, dtype):
+    from autoglm_serve.engine.kernel_checks import check_fused_ops
     from autoglm_serve.kernels import kv_write
     device = torch.device(DEVICE)
     fused_ops.ENABLED = True
-    assert fused_ops.self_check(device, dtype) and fused_ops.ENABLED
+    assert check_fused_ops(device, dtype) and fused_ops.ENABLED
     # a rotary + KV write that forgets to rotate k: the fused kernels must turn themselves off
     monkeypatch.setattr(kv_write, "rotate_and_write_kv_cache",
                         lambda q, k, v, cache, slots, cos, sin, interleaved:
                         kv_write.write_kv_cache(k, v, cache, slots))
-    assert not fused_ops.self_check(device, dtype)
+    assert not check_fused_ops(device, dtype)
     assert not fused_ops.ENABLED
 
 
