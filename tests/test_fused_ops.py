@@ -146,3 +146,15 @@ def test_tower_fused_equals_pytorch_path(dtype):
         fused_ops.ENABLED = False      # the reference_path fixture switches it back on
         plain = tower(pixels, grid)
     assert rel(fused, plain) < (1e-4 if dtype == torch.float32 else 2e-2)
+
+
+def test_one_switch_picks_fused_or_pytorch():
+    """kernels.fused_ops_for: the layers' one choice between the fused kernels and PyTorch."""
+    from types import SimpleNamespace
+    from autoglm_serve.kernels import fused_kernels_on, fused_ops_for
+    on_cuda, on_cpu = SimpleNamespace(is_cuda=True), torch.zeros(1)
+    fused_ops.ENABLED = True
+    assert fused_ops_for(on_cuda) is fused_ops and fused_kernels_on(on_cuda)
+    assert fused_ops_for(on_cpu) is None and not fused_kernels_on(on_cpu)
+    fused_ops.ENABLED = False          # the self-check failed: PyTorch everywhere
+    assert fused_ops_for(on_cuda) is None and not fused_kernels_on(on_cuda)
