@@ -97,10 +97,6 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature < _GREEDY_EPS or self.top_k == 1
 
-    @property
-    def top_k_enabled(self) -> bool:
-        return self.top_k > 0
-
     def clone(self) -> SamplingParams:
         """A deep copy, so the n children of one request can be given their own seeds/stops."""
         return copy.deepcopy(self)

@@ -87,15 +87,16 @@ def test_rotary_in_place_on_strided_views(dtype, interleaved, head_dim, rotary_d
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_self_check_passes_and_catches_a_wrong_kernel(monkeypatch, dtype):
+    from autoglm_serve.engine.kernel_checks import check_fused_ops
     from autoglm_serve.kernels import kv_write
     device = torch.device(DEVICE)
     fused_ops.ENABLED = True
-    assert fused_ops.self_check(device, dtype) and fused_ops.ENABLED
+    assert check_fused_ops(device, dtype) and fused_ops.ENABLED
     # a rotary + KV write that forgets to rotate k: the fused kernels must turn themselves off
     monkeypatch.setattr(kv_write, "rotate_and_write_kv_cache",
                         lambda q, k, v, cache, slots, cos, sin, interleaved:
                         kv_write.write_kv_cache(k, v, cache, slots))
-    assert not fused_ops.self_check(device, dtype)
+    assert not check_fused_ops(device, dtype)
     assert not fused_ops.ENABLED
 
 
@@ -145,3 +146,15 @@ def test_tower_fused_equals_pytorch_path(dtype):
         fused_ops.ENABLED = False      # the reference_path fixture switches it back on
         plain = tower(pixels, grid)
     assert rel(fused, plain) < (1e-4 if dtype == torch.float32 else 2e-2)
+
+
+def test_one_switch_picks_fused_or_pytorch():
+    """kernels.fused_ops_for: the layers' one choice between the fused kernels and PyTorch."""
+    from types import SimpleNamespace
+    from autoglm_serve.kernels import fused_kernels_on, fused_ops_for
+    on_cuda, on_cpu = SimpleNamespace(is_cuda=True), torch.zeros(1)
+    fused_ops.ENABLED = True
+    assert fused_ops_for(on_cuda) is fused_ops and fused_kernels_on(on_cuda)
+    assert fused_ops_for(on_cpu) is None and not fused_kernels_on(on_cpu)
+    fused_ops.ENABLED = False          # the self-check failed: PyTorch everywhere
+    assert fused_ops_for(on_cuda) is None and not fused_kernels_on(on_cuda)

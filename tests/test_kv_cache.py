@@ -2,7 +2,8 @@
 import torch
 
 from autoglm_serve.engine.kv_cache import KVCacheManager
-from autoglm_serve.engine.request import MultiModalItem, Request
+from autoglm_serve.engine.request import Request
+from autoglm_serve.multimodal.inputs import MultiModalItem
 from autoglm_serve.sampling_params import SamplingParams
 
 BS = 4

@@ -1,4 +1,5 @@
-"""M-RoPE positions and cos/sin against transformers' GLM-4.1V (get_rope_index, Glm4vTextRotaryEmbedding)."""
+"""M-RoPE against transformers' GLM-4.1V: the positions (get_rope_index) and the model's rotary
+(MRotaryEmbedding against Glm4vTextRotaryEmbedding and apply_rotary_pos_emb)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from autoglm_serve.models.mrope import apply_mrope, get_mrope_positions, mrope_cos_sin
+from autoglm_serve.models.glm4v import MRotaryEmbedding, glm4v_rotary
+from autoglm_serve.models.mrope import get_mrope_positions
 from glm4v_fixtures import SPECIAL_IDS, tiny_glm4v_config
 
 CONFIG_DIR = Path(__file__).parents[1] / "autoglm_serve/models/configs/autoglm-phone-9b"
@@ -85,32 +87,40 @@ def test_cos_sin_match_text_rotary_embedding_real_config():
     from transformers.models.glm4v.modeling_glm4v import Glm4vTextRotaryEmbedding
 
     text = AutoConfig.from_pretrained(CONFIG_DIR).text_config
-    rotary = Glm4vTextRotaryEmbedding(text)
+    reference = Glm4vTextRotaryEmbedding(text)
     ids = _prompt([5, (1, 40, 18), 7, (1, 6, 10), 2])
     positions, _ = get_mrope_positions(ids, IMG, [(1, 40, 18), (1, 6, 10)])
     positions = positions + 3000        # later in a conversation: angles large enough to matter
     x = torch.zeros(1, positions.shape[1], 8, dtype=torch.float32)
-    want_cos, want_sin = rotary(x, positions[:, None, :])
-    cos, sin = mrope_cos_sin(positions, head_dim=128, mrope_section=[8, 12, 12],
-                             partial_rotary_factor=0.5, rope_theta=10000.0)
-    assert cos.shape == (positions.shape[1], 64)
-    assert torch.equal(cos, want_cos[0]) and torch.equal(sin, want_sin[0])
+    want_cos, want_sin = reference(x, positions[:, None, :])
+    rotary = glm4v_rotary(text)       # the model's own, built as Glm4vForConditionalGeneration does
+    cos, sin = rotary.cos_sin(positions)
+    assert cos.shape == (positions.shape[1], 32)     # one angle per interleaved pair
+    # transformers repeats each pair's angle for both of its channels. The same float32 angles,
+    # but not torch.equal: one run in a few hundred differed in the last bit of a cos.
+    exact = dict(rtol=0, atol=1e-6)
+    torch.testing.assert_close(cos.repeat_interleave(2, -1), want_cos[0], **exact)
+    torch.testing.assert_close(sin.repeat_interleave(2, -1), want_sin[0], **exact)
 
     # text-only positions given as [T] equal the same positions broadcast to 3 rows
     flat = torch.arange(50)
-    c1, s1 = mrope_cos_sin(flat, head_dim=128)
-    c3, s3 = mrope_cos_sin(flat.expand(3, -1), head_dim=128)
+    c1, s1 = rotary.cos_sin(flat)
+    c3, s3 = rotary.cos_sin(flat.expand(3, -1))
     assert torch.equal(c1, c3) and torch.equal(s1, s3)
 
 
-def test_apply_mrope_matches_reference_rotation():
+def test_rotation_matches_apply_rotary_pos_emb():
     from transformers.models.glm4v.modeling_glm4v import apply_rotary_pos_emb
 
     torch.manual_seed(0)
     T, H, D = 11, 4, 128
+    rotary = MRotaryEmbedding(D, D // 2, 512, 10000.0, [8, 12, 12])
     positions = torch.randint(0, 500, (3, T))
-    cos, sin = mrope_cos_sin(positions, head_dim=D)
+    cos, sin = rotary.cos_sin(positions)
     q, k = torch.randn(T, H, D), torch.randn(T, 2, D)
-    want_q, want_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos[None], sin[None])
-    torch.testing.assert_close(apply_mrope(q, cos, sin), want_q[0].transpose(0, 1), rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(apply_mrope(k, cos, sin), want_k[0].transpose(0, 1), rtol=1e-6, atol=1e-6)
+    want_q, want_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                          cos.repeat_interleave(2, -1)[None],
+                                          sin.repeat_interleave(2, -1)[None])
+    got_q, got_k = rotary.apply(q.reshape(T, -1), k.reshape(T, -1), cos, sin)
+    torch.testing.assert_close(got_q.view(T, H, D), want_q[0].transpose(0, 1), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got_k.view(T, 2, D), want_k[0].transpose(0, 1), rtol=1e-6, atol=1e-6)

@@ -90,9 +90,10 @@ class EngineCore:
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
         if self.device.type == "cuda":
-            from autoglm_serve.kernels import compile_watch, fused_ops, gemv
+            from autoglm_serve.engine.kernel_checks import check_fused_ops
+            from autoglm_serve.kernels import compile_watch, gemv
             compile_watch.watch(False)
-            fused_ops.self_check(self.device, self.loaded.dtype)
+            check_fused_ops(self.device, self.loaded.dtype)
             gemv.self_check(self.device, self.loaded.dtype)   # before capture: it compiles
             self.runner.check_backend()
             if not config.enforce_eager and self.runner.backend.name == "triton":

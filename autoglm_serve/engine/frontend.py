@@ -45,7 +45,7 @@ class Frontend:
             self.tokenizer.chat_template = config.chat_template
         self.input_processor = InputProcessor(
             self.tokenizer, self.max_model_len, self.vocab_size,
-            eos_ids(self.tokenizer, self.hf_config, gen_config), self.generation_defaults)
+            eos_ids(self.tokenizer, self.hf_config, gen_config))
         self.output_processor = OutputProcessor(self.tokenizer, keep_special_tokens=TAG_OFFSETS)
         self.mm_processor = None
         if hasattr(resolve_model_class(self.hf_config), "embed_images"):

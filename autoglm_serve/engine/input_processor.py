@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autoglm_serve.engine.request import MultiModalItem, Request
+from autoglm_serve.engine.request import Request
+from autoglm_serve.multimodal.inputs import MultiModalItem
 from autoglm_serve.sampling_params import SamplingParams
 
 
@@ -21,13 +22,11 @@ def child_id(parent_id: str, index: int, n: int) -> str:
 
 
 class InputProcessor:
-    def __init__(self, tokenizer, max_model_len: int, vocab_size: int, eos_token_ids: set[int],
-                 generation_defaults: dict | None = None):
+    def __init__(self, tokenizer, max_model_len: int, vocab_size: int, eos_token_ids: set[int]):
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.generation_defaults = generation_defaults or {}
 
     def tokenize(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
         """Chat-templated prompts carry their special tokens already: pass False for them."""

@@ -17,9 +17,9 @@ import torch
 
 from autoglm_serve.config import EngineConfig
 from autoglm_serve.engine.model_setup import LoadedModel
-from autoglm_serve.engine.request import MultiModalItem
 from autoglm_serve.engine.runner import ModelRunner
 from autoglm_serve.engine.worst_step import profile_worst_step
+from autoglm_serve.multimodal.inputs import MultiModalItem
 
 logger = logging.getLogger(__name__)
 

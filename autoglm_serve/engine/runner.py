@@ -15,11 +15,11 @@ import torch
 from torch import nn
 
 from autoglm_serve.engine.fault_injection import FaultInjector
-from autoglm_serve.engine.host_transfer import to_device
 from autoglm_serve.engine.kv_cache import BlockTable
 from autoglm_serve.engine.request import Request
 from autoglm_serve.engine.sampler import Sampler, SamplerOutput, SamplingRow
 from autoglm_serve.engine.scheduler import ScheduledRequest
+from autoglm_serve.host_transfer import to_device
 from autoglm_serve.models.layers.attention import Attention, AttentionBackend, AttentionMetadata
 from autoglm_serve.multimodal.encoder_cache import EncoderCache
 

@@ -20,7 +20,7 @@ from itertools import chain
 
 import torch
 
-from autoglm_serve.engine.host_transfer import to_device
+from autoglm_serve.host_transfer import to_device
 from autoglm_serve.sampling_params import SamplingParams
 
 # exponential_ may return exactly 0 (u == 0); p / 0 would be inf or NaN, and argmax favours NaN.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from autoglm_serve.engine.request import MultiModalItem
+from autoglm_serve.multimodal.inputs import MultiModalItem
 from autoglm_serve.engine.runner import ModelRunner
 from autoglm_serve.engine.sampler import SamplingRow, make_generator
 from autoglm_serve.models.layers.attention import AttentionMetadata

@@ -8,13 +8,11 @@ statistics, results rounded to the activation dtype where PyTorch rounds them); 
 sublayer's output, the residual add and the next norm are one pass too (``rms_norm_pair``).
 
 ``ENABLED`` turns them on (and the rotary fused into the KV write, kernels/kv_write.py);
-``self_check`` runs each once against its PyTorch twin at start-up and switches them off (with a
-warning) if one fails or disagrees, so a kernel problem on a new GPU or Triton version costs
-speed, never correctness.
+engine/kernel_checks.py runs each once against its PyTorch twin at start-up and switches them off
+(with a warning) if one fails or disagrees, so a kernel problem on a new GPU or Triton version
+costs speed, never correctness.
 """
 from __future__ import annotations
-
-import logging
 
 import torch
 import triton
@@ -23,8 +21,6 @@ import triton.language as tl
 from autoglm_serve.kernels import pdl
 from autoglm_serve.kernels.kv_write import rotate_pairs
 from autoglm_serve.kernels.pdl import wait_for_previous_grid
-
-logger = logging.getLogger(__name__)
 
 ENABLED = True
 
@@ -150,63 +146,3 @@ def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int
                          HALF=half, BLOCK_H=_pow2(num_heads), INTERLEAVED=interleaved)
     return x
 
-
-def self_check(device: torch.device, dtype: torch.dtype) -> bool:
-    """Runs every kernel once against PyTorch on random data at AutoGLM-Phone-9B's shapes (the
-    rotary + KV-cache write of kernels/kv_write.py included); disables them on any problem."""
-    global ENABLED
-    from autoglm_serve.kernels.kv_write import rotate_and_write_kv_cache
-    from autoglm_serve.models.layers import norm as norm_layers
-    from autoglm_serve.models.layers.activation import SiluAndMul
-    from autoglm_serve.models.layers.rotary import RotaryEmbedding
-    from autoglm_serve.models.layers.torch_attention import write_kv_cache
-
-    def close(a, b):
-        return bool(((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-6)) < 2e-2)
-
-    was = ENABLED
-    try:
-        ENABLED = False
-        x = torch.randn(7, 4096, device=device, dtype=dtype)
-        r = torch.randn_like(x)
-        norm = norm_layers.RMSNorm(4096, 1e-5, dtype).to(device)
-        norm.weight.data.uniform_(0.5, 1.5)
-        first_norm = norm_layers.RMSNorm(4096, 1e-5, dtype).to(device)
-        first_norm.weight.data.uniform_(0.5, 1.5)
-        ref_out, ref_res = norm(x, r)
-        ref_plain = norm(x)
-        ref_pair_out, ref_pair_res = norm_layers.rms_norm_pair(first_norm, norm, x, r)
-        g = torch.randn(7, 2 * 1000, device=device, dtype=dtype)
-        ref_silu = SiluAndMul()(g)
-        rot = RotaryEmbedding(128, 64, 4096, 10000.0, interleaved=True).to(device)
-        pos = torch.randint(0, 4096, (7,), device=device)
-        q = torch.randn(7, 32 * 128, device=device, dtype=dtype)
-        kq = torch.randn(7, 2 * 128, device=device, dtype=dtype)
-        v = torch.randn(7, 2, 128, device=device, dtype=dtype)
-        ref_q, ref_k = rot(pos, q.clone(), kq.clone())
-        cos, sin = rot.cos_sin(pos)
-        slots = torch.tensor([0, 5, 17, -1, 33, 40, 63], device=device)
-        cache = torch.zeros(2, 4, 2, 16, 128, device=device, dtype=dtype)
-        ref_cache = cache.clone()
-        write_kv_cache(ref_k.view(7, 2, 128), v, ref_cache, slots)
-
-        out, res = rms_norm(x, norm.weight, 1e-5, r)
-        ok = close(out, ref_out) and close(res, ref_res) and close(rms_norm(x, norm.weight, 1e-5),
-                                                                    ref_plain)
-        out, res = rms_norm_pair(x, r, first_norm.weight, 1e-5, norm.weight, 1e-5)
-        ok = ok and close(out, ref_pair_out) and close(res, ref_pair_res)
-        ok = ok and close(silu_and_mul(g), ref_silu)
-        ok = ok and close(rotary_(q.clone(), cos, sin, 128, True), ref_q)
-        ok = ok and close(rotary_(kq.clone(), cos, sin, 128, True), ref_k)
-        rotate_and_write_kv_cache(q.view(7, 32, 128), kq.view(7, 2, 128), v, cache, slots, cos,
-                                  sin, interleaved=True)
-        ok = ok and close(q, ref_q) and close(cache, ref_cache)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    except Exception as exc:  # a compile or launch failure: run the PyTorch ops instead
-        logger.warning("fused kernels disabled: %r", exc)
-        ok = False
-    ENABLED = was and ok
-    if not ok:
-        logger.warning("fused kernels disagree with PyTorch or failed: using PyTorch ops")
-    return ENABLED

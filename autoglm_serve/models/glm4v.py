@@ -37,6 +37,16 @@ class MRotaryEmbedding(RotaryEmbedding):
         return self.cos_cache[pos, freq_idx], self.sin_cache[pos, freq_idx]
 
 
+def glm4v_rotary(text_config) -> MRotaryEmbedding:
+    """The language model's M-RoPE, from GLM-4.1V's text config."""
+    rope = rope_parameters(text_config)
+    hd = head_dim_of(text_config)
+    rotary_dim = int(hd * rope.get("partial_rotary_factor", 0.5))
+    section = rope.get("mrope_section") or [8, 12, 12]
+    return MRotaryEmbedding(hd, rotary_dim, text_config.max_position_embeddings,
+                            rope["rope_theta"], section)
+
+
 def _text_name(name: str) -> str | None:
     """Checkpoint names (GLM-4.1V / AutoGLM-Phone-9B, both layouts) → our language model's."""
     if name.startswith("model.language_model."):
@@ -55,13 +65,8 @@ class Glm4vForConditionalGeneration(nn.Module):
         super().__init__()
         self.config = config
         tcfg = config.text_config
-        rope = rope_parameters(tcfg)
-        hd = head_dim_of(tcfg)
-        rotary_dim = int(hd * rope.get("partial_rotary_factor", 0.5))
-        section = rope.get("mrope_section") or [8, 12, 12]
-        rotary = MRotaryEmbedding(hd, rotary_dim, tcfg.max_position_embeddings,
-                                  rope["rope_theta"], section)
-        self.language_model = Glm4ForCausalLM(tcfg, linear_method, dtype, rotary=rotary)
+        self.language_model = Glm4ForCausalLM(tcfg, linear_method, dtype,
+                                              rotary=glm4v_rotary(tcfg))
         self.visual = Glm4vVisionTower(config.vision_config).to(dtype or torch.float32)
         self.image_token_id = config.image_token_id
         self.spatial_merge_size = config.vision_config.spatial_merge_size

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from autoglm_serve.kernels import fused_ops_enabled
+from autoglm_serve.kernels import fused_kernels_on
 from autoglm_serve.models.layers.activation import SiluAndMul
 from autoglm_serve.models.layers.norm import RMSNorm
 
@@ -51,7 +51,7 @@ class VisionAttention(nn.Module):
         """cos, sin: [N, head_dim // 2] float32, shared by both halves of every head."""
         n = x.shape[0]
         qkv = self.qkv(x).view(n, 3, self.num_heads, self.head_dim)
-        if qkv.is_cuda and fused_ops_enabled():
+        if fused_kernels_on(qkv):
             from autoglm_serve.kernels.vision_rotary import rotate_qk_
             q, k, v = rotate_qk_(qkv, cos, sin).unbind(1)
         else:

@@ -1,4 +1,4 @@
-"""3-D M-RoPE of GLM-4.1V: position ids for one prompt, and the cos/sin tables they index.
+"""3-D M-RoPE positions of GLM-4.1V for one prompt (models/glm4v.py's MRotaryEmbedding rotates by them).
 
 Text tokens advance all three rows (temporal, height, width) together. An image's tokens keep one
 temporal index and spread over its merged (h, w) grid, all offset by the position where the image
@@ -72,51 +72,3 @@ def get_mrope_positions(
     delta = (int(positions.max()) + 1 - length) if length else 0
     return positions, delta
 
-
-def mrope_inv_freq(head_dim: int, partial_rotary_factor: float = 0.5, rope_theta: float = 10000.0) -> torch.Tensor:
-    """Inverse frequencies of the rotated part of each head (float32, ``rotary_dim // 2`` entries)."""
-    rotary_dim = int(head_dim * partial_rotary_factor)
-    return 1.0 / (rope_theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
-
-
-def mrope_cos_sin(
-    positions: torch.Tensor,
-    head_dim: int,
-    mrope_section: Sequence[int] = (8, 12, 12),
-    partial_rotary_factor: float = 0.5,
-    rope_theta: float = 10000.0,
-    inv_freq: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin ``[T, rotary_dim]`` (float32) for positions ``[3, T]`` (or ``[T]`` for text only).
-
-    Frequency k takes its angle from row 0, 1 or 2 by which section of ``mrope_section`` it falls
-    in; each frequency then covers two adjacent channels (GLM rotates interleaved pairs
-    (0,1), (2,3), ... of the first ``rotary_dim`` channels, the rest pass through).
-    """
-    if inv_freq is None:
-        inv_freq = mrope_inv_freq(head_dim, partial_rotary_factor, rope_theta)
-    inv_freq = inv_freq.to(device=positions.device, dtype=torch.float)
-    if sum(mrope_section) != inv_freq.numel():
-        raise ValueError(f"mrope_section {list(mrope_section)} must sum to rotary_dim/2 = {inv_freq.numel()}")
-    if positions.dim() == 1:
-        positions = positions.unsqueeze(0).expand(3, -1)
-    rows = torch.repeat_interleave(
-        torch.arange(len(mrope_section), device=positions.device) % 3,
-        torch.tensor(list(mrope_section), device=positions.device),
-    )
-    # pos_per_freq[k, t] = positions[row of k, t]; same float math as the reference (pos.float() * f)
-    pos_per_freq = positions.float()[rows]                    # [F, T]
-    freqs = pos_per_freq.t() * inv_freq                       # [T, F]
-    cos = freqs.cos().repeat_interleave(2, dim=-1)
-    sin = freqs.sin().repeat_interleave(2, dim=-1)
-    return cos, sin
-
-
-def apply_mrope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [T, heads, head_dim]`` with interleaved-pair RoPE on its first ``cos.shape[-1]`` channels."""
-    rot = cos.shape[-1]
-    x_rot, x_pass = x[..., :rot], x[..., rot:]
-    c, s = cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype)
-    x1, x2 = x_rot[..., 0::2], x_rot[..., 1::2]
-    rotated = torch.stack((-x2, x1), dim=-1).flatten(-2)
-    return torch.cat([x_rot * c + rotated * s, x_pass], dim=-1)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from autoglm_serve.engine.host_transfer import to_device
+from autoglm_serve.host_transfer import to_device
 from autoglm_serve.multimodal.resize import resize_bicubic
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)

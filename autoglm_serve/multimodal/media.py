@@ -205,8 +205,3 @@ class MediaLoader:
         except (OSError, SyntaxError, ValueError, EOFError):
             raise MediaError("image data is corrupt or truncated") from None
         return to_rgb(image)     # the image processor's rule: transparency over white
-
-
-def load_image(url: str, policy: MediaPolicy | None = None) -> LoadedImage:
-    """One-shot helper; the server keeps one MediaLoader."""
-    return MediaLoader(policy).load(url)

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 from PIL import Image
 
-from autoglm_serve.engine.request import MultiModalItem
 from autoglm_serve.models.mrope import get_mrope_positions
 from autoglm_serve.multimodal.image_processor import Glm4vImageProcessor
+from autoglm_serve.multimodal.inputs import MultiModalItem
 from autoglm_serve.multimodal.media import LoadedImage, MediaError, MediaLoader, MediaPolicy
 from autoglm_serve.multimodal.prompt import expand_image_tokens
 

@@ -18,7 +18,7 @@ import numpy as np
 import PIL
 import torch
 
-from autoglm_serve.engine.host_transfer import to_device
+from autoglm_serve.host_transfer import to_device
 
 PRECISION_BITS = 32 - 8 - 2      # Pillow's: 8 bits of result, 2 for overshoot, and a sign bit
 SUPPORT = 2.0                    # bicubic's support at scale 1

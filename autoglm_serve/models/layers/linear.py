@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autoglm_serve.kernels import fused_ops_enabled
+from autoglm_serve.kernels import fused_kernels_on
 from autoglm_serve.models.layers.parallel_state import tp_rank, tp_world_size
 
 
@@ -33,7 +33,7 @@ class LinearMethod:
 def uses_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
               gated: bool = False) -> bool:
     """Whether the decode GEMV kernel replaces F.linear here: CUDA, fused kernels on, a few rows."""
-    if not x.is_cuda or not fused_ops_enabled():
+    if not fused_kernels_on(x):
         return False
     from autoglm_serve.kernels import gemv
     return gemv.ENABLED and gemv.supports(x, weight, bias, gated)
@@ -96,11 +96,6 @@ class LinearBase(nn.Module):
 
     def weight_loader(self, param, loaded, shard_id=None):
         default_weight_loader(param, loaded)
-
-
-class ReplicatedLinear(LinearBase):
-    def __init__(self, in_features, out_features, bias=False, linear_method=None, dtype=None):
-        super().__init__(in_features, out_features, bias, linear_method, dtype)
 
 
 class ColumnParallelLinear(LinearBase):

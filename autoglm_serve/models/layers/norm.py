@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from autoglm_serve.kernels import fused_ops_enabled
+from autoglm_serve.kernels import fused_ops_for
 
 
 class RMSNorm(nn.Module):
@@ -22,9 +22,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """Without residual: norm(x). With it: (norm(x + residual), x + residual)."""
-        if x.is_cuda and fused_ops_enabled():
-            from autoglm_serve.kernels import fused_ops
-            return fused_ops.rms_norm(x, self.weight, self.eps, residual)
+        fused = fused_ops_for(x)
+        if fused is not None:
+            return fused.rms_norm(x, self.weight, self.eps, residual)
         if residual is None:
             return self._norm(x)
         x = x + residual
@@ -34,8 +34,8 @@ class RMSNorm(nn.Module):
 def rms_norm_pair(first: RMSNorm, second: RMSNorm, x: torch.Tensor, residual: torch.Tensor):
     """second(first(x), residual): a sublayer output's own norm, the residual add and the next
     norm (GLM-4's sandwich norms), one kernel when fused. Returns (normed sum, sum)."""
-    if x.is_cuda and fused_ops_enabled():
-        from autoglm_serve.kernels import fused_ops
-        return fused_ops.rms_norm_pair(x, residual, first.weight, first.eps, second.weight,
-                                       second.eps)
+    fused = fused_ops_for(x)
+    if fused is not None:
+        return fused.rms_norm_pair(x, residual, first.weight, first.eps, second.weight,
+                                   second.eps)
     return second(first(x), residual)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from autoglm_serve.kernels import fused_ops_enabled
+from autoglm_serve.kernels import fused_ops_for
 
 
 class RotaryEmbedding(nn.Module):
@@ -36,10 +36,10 @@ class RotaryEmbedding(nn.Module):
 
     def apply(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Rotates q [T, H*D] and k [T, Hkv*D] with cos/sin computed once per forward."""
-        if q.is_cuda and fused_ops_enabled() and self._fusable:
-            from autoglm_serve.kernels import fused_ops
-            return (fused_ops.rotary_(q, cos, sin, self.head_dim, self.interleaved),
-                    fused_ops.rotary_(k, cos, sin, self.head_dim, self.interleaved))
+        fused = fused_ops_for(q) if self._fusable else None
+        if fused is not None:
+            return (fused.rotary_(q, cos, sin, self.head_dim, self.interleaved),
+                    fused.rotary_(k, cos, sin, self.head_dim, self.interleaved))
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
     @property
