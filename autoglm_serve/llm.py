@@ -5,7 +5,7 @@ from collections.abc import Sequence
 
 from autoglm_serve.config import EngineConfig
 from autoglm_serve.engine.llm_engine import LLMEngine
-from autoglm_serve.engine.model_setup import LoadedModel
+from autoglm_serve.engine.core.model_setup import LoadedModel
 from autoglm_serve.engine.settings import resolve_settings
 from autoglm_serve.outputs import RequestOutput
 from autoglm_serve.sampling_params import SamplingParams
@@ -25,12 +25,12 @@ class LLM:
 
     @property
     def tokenizer(self):
-        return self.engine.tokenizer
+        return self.engine.frontend.tokenizer
 
     def get_default_sampling_params(self) -> SamplingParams:
         """The checkpoint's generation_config.json sampling defaults, as the server applies
         them (vLLM's LLM does the same)."""
-        return SamplingParams(**self.engine.generation_defaults)
+        return SamplingParams(**self.engine.frontend.generation_defaults)
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -45,14 +45,14 @@ class LLM:
 
     def _prepare(self, prompt: Prompt):
         if not isinstance(prompt, dict):
-            return self.engine.prepare(prompt)
+            return self.engine.frontend.prepare(prompt)
         images = (prompt.get("multi_modal_data") or {}).get("image") or []
         if not isinstance(images, (list, tuple)):
             images = [images]
         text = prompt.get("prompt", prompt.get("prompt_token_ids"))
         if text is None:
             raise ValueError("a dict prompt needs 'prompt' or 'prompt_token_ids'")
-        return self.engine.prepare(text, images)
+        return self.engine.frontend.prepare(text, images)
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | None = None,
@@ -61,7 +61,7 @@ class LLM:
         allowed_local_media_path, http(s) of allowed_media_domains)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         params = sampling_params or self.get_default_sampling_params()
-        return self._run([(lambda c=c: self.engine.prepare_chat(
+        return self._run([(lambda c=c: self.engine.frontend.prepare_chat(
             c, template_kwargs=chat_template_kwargs), params)
                           for c in conversations])
 
@@ -71,7 +71,7 @@ class LLM:
         try:
             for prepare, params in items:
                 prompt = prepare()
-                rid = engine.next_request_id()
+                rid = engine.frontend.next_request_id()
                 engine.add_request(rid, prompt, params, final_only=True)
                 ids.append(rid)
         except Exception:

@@ -37,7 +37,7 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from autoglm_serve.engine.gc_timer import GcTimer  # noqa: E402
+from autoglm_serve.engine.stats import GcTimer  # noqa: E402
 
 PHASES = ["schedule", "prepare_host", "device_inputs", "launch_other", "after_launch",
           "complete", "output_proc"]
@@ -119,7 +119,7 @@ def instrument(engine, clock: PhaseClock) -> tuple[Recorder, Recorder]:
     clock.wrap(runner.model, "forward", "forward")
     clock.wrap(runner.model, "compute_logits", "forward")
     clock.wrap(core, "_complete", "complete")
-    clock.wrap(engine.output_processor, "process", "output_proc")
+    clock.wrap(engine.frontend.output_processor, "process", "output_proc")
     return schedules, core_outputs
 
 
@@ -133,11 +133,11 @@ def run_once(engine, clock: PhaseClock, recorders: tuple[Recorder, Recorder], ro
     from autoglm_serve import SamplingParams
     engine.core.kv.reset_prefix_cache()    # each run prefills its prompts: same work each time
     rng = random.Random(0)
-    vocab = min(engine.vocab_size, 128)     # plain words / ASCII bytes in both tokenizers
+    vocab = min(engine.frontend.vocab_size, 128)     # plain words / ASCII bytes in both tokenizers
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     for _ in range(rows):
         ids = [rng.randrange(7, vocab) for _ in range(rng.randint(*prompt_len))]
-        engine.add_request(engine.next_request_id(), engine.prepare(ids), params,
+        engine.add_request(engine.frontend.next_request_id(), engine.frontend.prepare(ids), params,
                            delta=delta, final_only=not delta)
     schedules, core_outputs = recorders
     steps = []

@@ -4,7 +4,7 @@ aborted while a step is in flight."""
 import pytest
 
 from autoglm_serve import LLM, SamplingParams
-from autoglm_serve.engine.input_processor import PreparedPrompt
+from autoglm_serve.engine.frontend.input_processor import PreparedPrompt
 from tests.tiny_models import build_tiny_decoder
 
 PROMPTS = [[5, 9, 2, 77, 31], list(range(20, 70)), [3] * 12, [99, 98, 97]]

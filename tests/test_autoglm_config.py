@@ -99,8 +99,8 @@ def render(tokenizer, messages, **kwargs):
 def test_generation_config_as_published(config, tokenizer):
     """EOS ids [151329, 151336, 151338, 151348] (</answer> ends a reply), do_sample true; do_sample
     is no sampling default (as in vLLM, only temperature/top_p/... are)."""
-    from autoglm_serve.engine.frontend import eos_ids
-    from autoglm_serve.engine.model_setup import generation_defaults
+    from autoglm_serve.engine.frontend.frontend import eos_ids
+    from autoglm_serve.engine.core.model_setup import generation_defaults
 
     gen = json.loads((CONFIG_DIR / "generation_config.json").read_text())
     assert gen["eos_token_id"] == [151329, 151336, 151338, 151348]

@@ -2,7 +2,7 @@
 byte tokens appear only once complete, and stop strings cut the text wherever they fall."""
 import pytest
 
-from autoglm_serve.engine.detokenizer import IncrementalDetokenizer
+from autoglm_serve.engine.frontend.detokenizer import IncrementalDetokenizer
 from tests.glm4v_fixtures import tiny_tokenizer
 
 TEXT = "héllo wörld, 你好 🙂 done"

@@ -102,19 +102,19 @@ def test_abort_frees_blocks_and_others_are_unaffected(tiny, when):
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     others = {"a": PROMPTS[0], "b": PROMPTS[2]}
     for rid, p in others.items():
-        engine.add_request(f"ref-{rid}", engine.prepare(p), params)
+        engine.add_request(f"ref-{rid}", engine.frontend.prepare(p), params)
     reference = run_to_end(engine)
 
     victim_prompt = PROMPTS[1]                      # 40 tokens: 3 steps of prefill at most
     if when == "waiting":                           # queued behind the running others
         for rid, p in others.items():
-            engine.add_request(rid, engine.prepare(p), params)
+            engine.add_request(rid, engine.frontend.prepare(p), params)
         engine.step()
-        engine.add_request("victim", engine.prepare(victim_prompt), params)
+        engine.add_request("victim", engine.frontend.prepare(victim_prompt), params)
     else:
-        engine.add_request("victim", engine.prepare(victim_prompt), params)
+        engine.add_request("victim", engine.frontend.prepare(victim_prompt), params)
         for rid, p in others.items():
-            engine.add_request(rid, engine.prepare(p), params)
+            engine.add_request(rid, engine.frontend.prepare(p), params)
         engine.step()
         if when == "mid-decode":
             while core.requests["victim"].num_output_tokens < 2:
@@ -175,7 +175,7 @@ def test_stop_string_split_across_tokens_is_cut(default_llm):
     assert out.token_ids == c.token_ids[:len(out.token_ids)]
     # streamed: the pieces never show a part of the stop string either
     engine = default_llm.engine
-    engine.add_request("stream", engine.prepare(prompt),
+    engine.add_request("stream", engine.frontend.prepare(prompt),
                        SamplingParams(temperature=0, max_tokens=40, stop=[stop]), delta=True)
     pieces = []
     while engine.has_unfinished():

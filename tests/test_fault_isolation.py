@@ -1,6 +1,6 @@
 """One request's failure fails that request alone: the engine keeps serving the others, with
-the same tokens, and gives back every KV block (engine/fault_isolation.py). Faults are injected
-by token id (engine/fault_injection.py), so a test chooses which request is the hostile one."""
+the same tokens, and gives back every KV block (engine/core/fault_isolation.py). Faults are injected
+by token id (engine/core/fault_injection.py), so a test chooses which request is the hostile one."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from autoglm_serve import LLM, SamplingParams
-from autoglm_serve.engine import fault_isolation
+from autoglm_serve.engine.core import fault_isolation
 from tests.server_fixtures import metric, server_fixture
 from tests.tiny_models import build_tiny_decoder
 

@@ -87,7 +87,7 @@ def test_rotary_in_place_on_strided_views(dtype, interleaved, head_dim, rotary_d
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_self_check_passes_and_catches_a_wrong_kernel(monkeypatch, dtype):
-    from autoglm_serve.engine.kernel_checks import check_fused_ops
+    from autoglm_serve.engine.core.kernel_checks import check_fused_ops
     from autoglm_serve.kernels import kv_write
     device = torch.device(DEVICE)
     fused_ops.ENABLED = True

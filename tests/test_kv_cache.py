@@ -1,8 +1,8 @@
 """KVCacheManager bookkeeping: all-or-nothing allocation, shared prefix blocks, LRU eviction."""
 import torch
 
-from autoglm_serve.engine.kv_cache import KVCacheManager
-from autoglm_serve.engine.request import Request
+from autoglm_serve.engine.core.kv_cache import KVCacheManager
+from autoglm_serve.engine.core.request import Request
 from autoglm_serve.multimodal.inputs import MultiModalItem
 from autoglm_serve.sampling_params import SamplingParams
 

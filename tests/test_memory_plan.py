@@ -1,4 +1,4 @@
-"""The start-up profile's worst step (engine/memory_plan.py). Its memory is measured on a GPU
+"""The start-up profile's worst step (engine/core/memory_plan.py). Its memory is measured on a GPU
 only (the sizing there is checked by the GPU run in BENCHMARKS.md); here: that the worst step
 is the one the settings allow and that it runs through the real model and sampler."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from autoglm_serve import LLM, SamplingParams
-from autoglm_serve.engine.memory_plan import largest_image
-from autoglm_serve.engine.worst_step import profile_worst_step
+from autoglm_serve.engine.core.memory_plan import largest_image
+from autoglm_serve.engine.core.worst_step import profile_worst_step
 from tests.glm4v_fixtures import make_tiny_glm4v
 
 MAX_PIXELS = 120_000

@@ -1,7 +1,7 @@
 """Outputs that pile up behind a slow consumer reach it merged, equal to the sum of their parts."""
 import asyncio
 
-from autoglm_serve.engine.output_collector import RequestOutputCollector
+from autoglm_serve.engine.frontend.output_collector import RequestOutputCollector
 from autoglm_serve.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 
 METRICS = RequestMetrics(arrival_time=0.0)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from autoglm_serve.engine.core import CoreOutput
-from autoglm_serve.engine.output_processor import OutputProcessor
-from autoglm_serve.engine.request import Request
+from autoglm_serve.engine.core.engine_core import CoreOutput
+from autoglm_serve.engine.frontend.output_processor import OutputProcessor
+from autoglm_serve.engine.core.request import Request
 from autoglm_serve.models.configs.glm_tokenizer import byte_level_glm_tokenizer
 from autoglm_serve.sampling_params import SamplingParams
 

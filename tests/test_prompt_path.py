@@ -1,5 +1,5 @@
 """One prompt path: the offline LLM renders chats with the server's renderer
-(engine/chat_template.py) and applies the checkpoint's generation defaults, as the server does."""
+(engine/frontend/chat_template.py) and applies the checkpoint's generation defaults, as the server does."""
 from __future__ import annotations
 
 import base64
@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from autoglm_serve import LLM
-from autoglm_serve.engine.chat_template import PromptError
+from autoglm_serve.engine.frontend.chat_template import PromptError
 from tests.glm4v_fixtures import make_tiny_glm4v
 
 
@@ -46,9 +46,9 @@ def test_offline_and_server_render_alike(glm):
     places the image where the template says; the prompt expands it to its patches."""
     messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": png_url()}},
                                              {"type": "text", "text": "open settings"}]}]
-    rendered = glm.engine.render_chat(messages)
+    rendered = glm.engine.frontend.render_chat(messages)
     assert "<|begin_of_image|><|image|><|end_of_image|>open settings" in rendered.prompt
-    prompt = glm.engine.prepare_rendered(rendered)
+    prompt = glm.engine.frontend.prepare_rendered(rendered)
     assert len(prompt.mm_items) == 1 and prompt.mm_items[0].length > 1
 
 

@@ -4,7 +4,7 @@ from collections import Counter
 import pytest
 import torch
 
-from autoglm_serve.engine.sampler import (
+from autoglm_serve.engine.core.sampler import (
     Sampler, SamplingBatch, SamplingRow, apply_min_p, apply_penalties, apply_top_k_top_p,
     make_generator)
 from autoglm_serve.sampling_params import SamplingParams
@@ -446,7 +446,7 @@ def test_cuda_step_has_no_host_sync_and_is_seed_stable():
 def test_rows_sampled_in_groups_equal_one_batch(monkeypatch):
     """Sampler.sample splits the rows into groups to bound its buffers: greedy rows, seeded
     rows and logprobs (of different widths per group) come out as from one batch."""
-    from autoglm_serve.engine import sampler as sampler_module
+    from autoglm_serve.engine.core import sampler as sampler_module
     V, B = 64, 11
     torch.manual_seed(0)
     logits = torch.randn(B, V)

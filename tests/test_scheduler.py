@@ -1,7 +1,7 @@
 """Scheduler decisions, driven by hand: budgets, order, preemption, aborts."""
-from autoglm_serve.engine.kv_cache import KVCacheManager
-from autoglm_serve.engine.request import Request, RequestStatus
-from autoglm_serve.engine.scheduler import Scheduler
+from autoglm_serve.engine.core.kv_cache import KVCacheManager
+from autoglm_serve.engine.core.request import Request, RequestStatus
+from autoglm_serve.engine.core.scheduler import Scheduler
 from autoglm_serve.sampling_params import SamplingParams
 
 BS = 4

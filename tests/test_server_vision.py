@@ -94,7 +94,7 @@ def test_a_screenshot_crosses_to_the_core_process_and_answers_as_in_process(serv
     reaches it intact and is resized and laid out there, so the answer equals the in-process
     engine's."""
     from autoglm_serve import LLM, SamplingParams
-    from autoglm_serve.engine.tensor_channel import SHARE_MIN_BYTES
+    from autoglm_serve.engine.process.tensor_channel import SHARE_MIN_BYTES
 
     assert server.core_pid() not in (None, server.proc.pid)
     content = [image_part(png_url(screenshot(21))), {"type": "text", "text": "tap ok"}]
@@ -103,7 +103,7 @@ def test_a_screenshot_crosses_to_the_core_process_and_answers_as_in_process(serv
     body = r.json()
     llm = LLM(str(model), dtype="float32", max_model_len=4096,
               mm_processor_kwargs={"max_pixels": MAX_PIXELS})
-    prompt = llm.engine.prepare_chat([{"role": "user", "content": content}])
+    prompt = llm.engine.frontend.prepare_chat([{"role": "user", "content": content}])
     pixels = prompt.mm_items[0].pixel_values     # what crosses: the RGB image at its own size
     assert pixels.dtype == torch.uint8 and pixels.shape == (2400, 1080, 3)
     assert pixels.nbytes >= SHARE_MIN_BYTES

@@ -8,8 +8,8 @@ import threading
 import pytest
 import torch
 
-from autoglm_serve.engine import tensor_channel
-from autoglm_serve.engine.tensor_channel import TensorChannel
+from autoglm_serve.engine.process import tensor_channel
+from autoglm_serve.engine.process.tensor_channel import TensorChannel
 
 
 def _echo(conn) -> None:

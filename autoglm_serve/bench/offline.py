@@ -96,12 +96,12 @@ def _run_stepping(
     records: dict[str, RequestRecord] = {}
     order: list[str] = []
     for i, (prompt, sp, req) in enumerate(zip(prompts, params, requests)):
-        rid = engine.next_request_id()
+        rid = engine.frontend.next_request_id()
         rec = RequestRecord(index=i, prompt_len=len(prompt) if isinstance(prompt, list)
                             else req.prompt_len, expected_output_len=req.output_len)
         rec.start = time.perf_counter()
         if hasattr(engine, "prepare"):  # prompt -> PreparedPrompt (token ids, images)
-            engine.add_request(rid, engine.prepare(prompt), sp, delta=True)
+            engine.add_request(rid, engine.frontend.prepare(prompt), sp, delta=True)
         else:
             engine.add_request(rid, prompt, sp, delta=True)
         records[rid], order = rec, order + [rid]

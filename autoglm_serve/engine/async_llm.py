@@ -1,7 +1,7 @@
 """The engine for the server: the front-end on the event loop, the core elsewhere.
 
-The front-end (tokenizer, images, detokenization, stop strings: engine/frontend.py) works on
-the event loop and its worker threads. The core (scheduler, model, sampler) runs in its own
+The front-end (tokenizer, images, detokenization, stop strings: engine/frontend/) works on the
+event loop and its worker threads. The core (scheduler, model, sampler) runs in its own
 process by default, so the per-token work of hundreds of streams never competes with it for
 the GIL; or, with ``core_process=False``, on a thread of this process. Requests (already
 tokenized) and aborts go to the core; its token outputs come back in batches, which the event
@@ -18,12 +18,12 @@ import threading
 from collections.abc import AsyncIterator
 
 from autoglm_serve.config import EngineConfig
-from autoglm_serve.engine.core import CoreOutput
-from autoglm_serve.engine.core_client import ProcessCoreClient, ThreadCoreClient
-from autoglm_serve.engine.core_stats import CoreStats, EngineInfo
-from autoglm_serve.engine.frontend import Frontend
-from autoglm_serve.engine.input_processor import PreparedPrompt
-from autoglm_serve.engine.output_collector import RequestOutputCollector
+from autoglm_serve.engine.core.engine_core import CoreOutput
+from autoglm_serve.engine.process.core_client import ProcessCoreClient, ThreadCoreClient
+from autoglm_serve.engine.stats import CoreStats, EngineInfo
+from autoglm_serve.engine.frontend.frontend import Frontend
+from autoglm_serve.engine.frontend.input_processor import PreparedPrompt
+from autoglm_serve.engine.frontend.output_collector import RequestOutputCollector
 from autoglm_serve.engine.settings import resolve_settings
 from autoglm_serve.outputs import RequestError, RequestOutput
 from autoglm_serve.sampling_params import SamplingParams
@@ -40,7 +40,7 @@ class EngineDeadError(RuntimeError):
 
 
 class RequestFailedError(RuntimeError):
-    """The engine failed this one request (engine/fault_isolation.py) and serves on."""
+    """The engine failed this one request (engine/core/fault_isolation.py) and serves on."""
 
     def __init__(self, error: RequestError):
         super().__init__(error.message)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoglm_serve.config import EngineConfig
-from autoglm_serve.engine.model_setup import resolve, text_config
+from autoglm_serve.engine.core.model_setup import resolve, text_config
 from autoglm_serve.loader.model_path import ResolvedModel
 
 

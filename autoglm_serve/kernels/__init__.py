@@ -12,7 +12,7 @@ def fused_ops_enabled() -> bool:
 
 def fused_kernels_on(x) -> bool:
     """Whether a layer runs its fused Triton kernel on ``x`` instead of PyTorch: ``x`` on CUDA,
-    Triton importable and the start-up self-check passed (engine/kernel_checks.py)."""
+    Triton importable and the start-up self-check passed (engine/core/kernel_checks.py)."""
     return x.is_cuda and fused_ops_enabled()
 
 

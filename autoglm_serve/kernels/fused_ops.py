@@ -8,7 +8,7 @@ statistics, results rounded to the activation dtype where PyTorch rounds them); 
 sublayer's output, the residual add and the next norm are one pass too (``rms_norm_pair``).
 
 ``ENABLED`` turns them on (and the rotary fused into the KV write, kernels/kv_write.py);
-engine/kernel_checks.py runs each once against its PyTorch twin at start-up and switches them off
+engine/core/kernel_checks.py runs each once against its PyTorch twin at start-up and switches them off
 (with a warning) if one fails or disagrees, so a kernel problem on a new GPU or Triton version
 costs speed, never correctness.
 """

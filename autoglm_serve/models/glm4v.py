@@ -1,7 +1,7 @@
 """GLM-4.1V (``Glm4vForConditionalGeneration``): AutoGLM-Phone-9B's architecture.
 
 The GLM-4 decoder of models/glm4.py with 3-D M-RoPE, plus the vision tower whose outputs replace
-the ``<|image|>`` placeholder embeddings (the runner does the placing; see engine/runner.py).
+the ``<|image|>`` placeholder embeddings (the runner does the placing; see engine/core/runner.py).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A rendered prompt's images → a prompt the engine can run.
 
-The images a chat template placed (engine/chat_template.py finds them in the messages) are
+The images a chat template placed (engine/frontend/chat_template.py finds them in the messages) are
 loaded under the media policy, and their single
 ``<|image|>`` placeholders in the tokenized prompt expanded to one token per merged patch, with
 the M-RoPE positions that go with them.

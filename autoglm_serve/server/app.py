@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 import autoglm_serve
 from autoglm_serve.engine.async_llm import AsyncLLM
-from autoglm_serve.engine.chat_template import PromptError
+from autoglm_serve.engine.frontend.chat_template import PromptError
 from autoglm_serve.server.args import ServerSettings
 from autoglm_serve.server.errors import OpenAIError, install_error_handlers
 from autoglm_serve.server.metrics import ServerMetrics

@@ -107,7 +107,7 @@ def run_server(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from autoglm_serve.engine.async_llm import AsyncLLM
-    from autoglm_serve.engine.core_client import EngineStartError
+    from autoglm_serve.engine.process.core_client import EngineStartError
     logger.info("loading %s", config.model or "the embedded default model")
     try:
         # The server admits by its own exact count (Serving.admit); the engine's check reads

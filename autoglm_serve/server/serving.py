@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
-from autoglm_serve.engine.input_processor import PreparedPrompt
+from autoglm_serve.engine.frontend.input_processor import PreparedPrompt
 from autoglm_serve.engine.async_llm import (AsyncLLM, EngineDeadError, QueueFullError,
                                             RequestFailedError)
 from autoglm_serve.outputs import RequestOutput

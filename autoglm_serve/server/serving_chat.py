@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncIterator
 
 from autoglm_serve.engine.async_llm import EngineDeadError, RequestFailedError
-from autoglm_serve.engine.chat_template import PromptError
+from autoglm_serve.engine.frontend.chat_template import PromptError
 from autoglm_serve.multimodal.media import MediaError
 from autoglm_serve.outputs import Logprob
 from autoglm_serve.server.errors import OpenAIError, bad_request

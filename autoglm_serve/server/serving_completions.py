@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncIterator
 
 from autoglm_serve.engine.async_llm import EngineDeadError, RequestFailedError
-from autoglm_serve.engine.input_processor import PreparedPrompt
+from autoglm_serve.engine.frontend.input_processor import PreparedPrompt
 from autoglm_serve.outputs import Logprob, RequestOutput
 from autoglm_serve.server.errors import OpenAIError, bad_request
 from autoglm_serve.server.protocol import (CompletionChoice, CompletionLogprobs,

@@ -50,7 +50,7 @@ def synthetic_tokenizer(path: str, vocab_size: int) -> str:
 
 def model_vocab(model: str) -> tuple[int, int]:
     """(vocab size, first special id) from the model's config.json."""
-    from autoglm_serve.engine.model_setup import BUILTIN_CONFIGS
+    from autoglm_serve.engine.core.model_setup import BUILTIN_CONFIGS
     d = BUILTIN_CONFIGS.get(model.lower(), model)
     with open(os.path.join(d, "config.json")) as f:
         cfg = json.load(f)

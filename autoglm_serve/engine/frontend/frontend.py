@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import itertools
 
-from autoglm_serve.engine.chat_template import (PromptError, RenderedPrompt, content_format_for,
+from autoglm_serve.engine.frontend.chat_template import (PromptError, RenderedPrompt, content_format_for,
                                                 render_chat)
-from autoglm_serve.engine.input_processor import InputProcessor, PreparedPrompt
-from autoglm_serve.engine.model_setup import (generation_config, generation_defaults, is_builtin,
+from autoglm_serve.engine.frontend.input_processor import InputProcessor, PreparedPrompt
+from autoglm_serve.engine.core.model_setup import (generation_config, generation_defaults, is_builtin,
                                               text_config)
-from autoglm_serve.engine.output_processor import OutputProcessor
+from autoglm_serve.engine.frontend.output_processor import OutputProcessor
 from autoglm_serve.engine.settings import EngineSettings
 from autoglm_serve.models.configs.glm_tokenizer import TAG_OFFSETS
 from autoglm_serve.models.registry import resolve_model_class

@@ -27,11 +27,11 @@ from multiprocessing.connection import Connection
 
 import torch
 
-from autoglm_serve.engine.core_loop import run_core_loop
-from autoglm_serve.engine.core_messages import (CoreFailed, CoreOutputs, CoreReady, Shutdown,
+from autoglm_serve.engine.process.core_loop import run_core_loop
+from autoglm_serve.engine.process.core_messages import (CoreFailed, CoreOutputs, CoreReady, Shutdown,
                                                 merge_outputs)
 from autoglm_serve.engine.settings import EngineSettings
-from autoglm_serve.engine.tensor_channel import TensorChannel
+from autoglm_serve.engine.process.tensor_channel import TensorChannel
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +49,8 @@ def run_core_process(settings: EngineSettings, conn: Connection, log_level: int)
         # threads would keep waiting for each other whenever the server's process runs.
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - 1))
     channel = TensorChannel(conn)
-    from autoglm_serve.engine.core import EngineCore
-    from autoglm_serve.engine.core_stats import engine_info
+    from autoglm_serve.engine.core.engine_core import EngineCore
+    from autoglm_serve.engine.stats import engine_info
     try:
         core = EngineCore(settings)
     except BaseException as exc:   # reported to the server, which fails its start with it

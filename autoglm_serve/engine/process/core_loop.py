@@ -6,10 +6,10 @@ import queue
 import time
 from collections.abc import Callable, Iterator
 
-from autoglm_serve.engine.core import CoreOutput, EngineCore
-from autoglm_serve.engine.core_messages import AbortRequests, AddRequests, Shutdown
-from autoglm_serve.engine.core_stats import CoreStats, core_stats
-from autoglm_serve.engine.stats_logger import StatsLogger
+from autoglm_serve.engine.core.engine_core import CoreOutput, EngineCore
+from autoglm_serve.engine.process.core_messages import AbortRequests, AddRequests, Shutdown
+from autoglm_serve.engine.stats import CoreStats, core_stats
+from autoglm_serve.engine.stats import StatsLogger
 
 
 def run_core_loop(core: EngineCore, inbox: queue.Queue,

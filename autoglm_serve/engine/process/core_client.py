@@ -17,15 +17,15 @@ import threading
 from collections.abc import Callable
 from multiprocessing.connection import wait
 
-from autoglm_serve.engine.core import CoreOutput
-from autoglm_serve.engine.core_loop import run_core_loop
-from autoglm_serve.engine.core_messages import (AbortRequests, AddRequests, CoreFailed,
+from autoglm_serve.engine.core.engine_core import CoreOutput
+from autoglm_serve.engine.process.core_loop import run_core_loop
+from autoglm_serve.engine.process.core_messages import (AbortRequests, AddRequests, CoreFailed,
                                                 CoreOutputs, CoreReady, Shutdown)
-from autoglm_serve.engine.core_process import run_core_process
-from autoglm_serve.engine.core_stats import CoreStats, EngineInfo, engine_info
-from autoglm_serve.engine.request import Request
+from autoglm_serve.engine.process.core_process import run_core_process
+from autoglm_serve.engine.stats import CoreStats, EngineInfo, engine_info
+from autoglm_serve.engine.core.request import Request
 from autoglm_serve.engine.settings import EngineSettings
-from autoglm_serve.engine.tensor_channel import TensorChannel
+from autoglm_serve.engine.process.tensor_channel import TensorChannel
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ class ThreadCoreClient:
     the GIL with the event loop (about half the throughput under many streams)."""
 
     def __init__(self, settings: EngineSettings):
-        from autoglm_serve.engine.core import EngineCore
+        from autoglm_serve.engine.core.engine_core import EngineCore
         self.core = EngineCore(settings)
         self.info = engine_info(self.core)
         self._inbox: queue.Queue = queue.Queue()

@@ -13,7 +13,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from autoglm_serve.engine.request import Request
+from autoglm_serve.engine.core.request import Request
 
 
 class BlockTable:

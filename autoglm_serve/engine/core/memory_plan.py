@@ -3,7 +3,7 @@
 On a GPU the KV cache takes what is left of the process' share of the device (the smaller of
 --gpu-memory-utilization and a torch.cuda.set_per_process_memory_fraction cap) once the weights,
 the encoder cache's full budget and the peak activations of the worst step are counted. The
-worst step is measured, not guessed (engine/worst_step.py): the largest image the image
+worst step is measured, not guessed (engine/core/worst_step.py): the largest image the image
 settings allow through the vision tower, a forward over max_num_batched_tokens, and the sampler
 at max_num_seqs rows with every buffer it can build. A configuration that leaves the KV cache
 too small for one max_model_len request fails the start with the breakdown and what would fit.
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from autoglm_serve.config import EngineConfig
-from autoglm_serve.engine.model_setup import LoadedModel
-from autoglm_serve.engine.runner import ModelRunner
-from autoglm_serve.engine.worst_step import profile_worst_step
+from autoglm_serve.engine.core.model_setup import LoadedModel
+from autoglm_serve.engine.core.runner import ModelRunner
+from autoglm_serve.engine.core.worst_step import profile_worst_step
 from autoglm_serve.multimodal.inputs import MultiModalItem
 
 logger = logging.getLogger(__name__)

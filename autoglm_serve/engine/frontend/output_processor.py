@@ -4,9 +4,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from autoglm_serve.engine.core import CoreOutput
-from autoglm_serve.engine.detokenizer import IncrementalDetokenizer
-from autoglm_serve.engine.request import Request
+from autoglm_serve.engine.core.engine_core import CoreOutput
+from autoglm_serve.engine.frontend.detokenizer import IncrementalDetokenizer
+from autoglm_serve.engine.core.request import Request
 from autoglm_serve.outputs import (CompletionOutput, Logprob, RequestError, RequestMetrics,
                                    RequestOutput)
 

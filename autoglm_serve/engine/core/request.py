@@ -17,7 +17,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
-    FINISHED_ERROR = "error"        # the core could not run it (engine/fault_isolation.py)
+    FINISHED_ERROR = "error"        # the core could not run it (engine/core/fault_isolation.py)
 
     def __init__(self, value: str):
         # a plain attribute: read for every row of every step, where a property over the enum's

@@ -1,5 +1,5 @@
 """The worst step a configuration allows, run part by part on the runner's model for its peak
-memory (engine/memory_plan.py sizes the KV cache by it).
+memory (engine/core/memory_plan.py sizes the KV cache by it).
 
 Each part is run alone with the allocator's peak reset before it: the largest image through the
 vision tower (the runner encodes images one at a time), a forward over max_num_batched_tokens
@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from autoglm_serve.multimodal.inputs import MultiModalItem
-from autoglm_serve.engine.runner import ModelRunner
-from autoglm_serve.engine.sampler import SamplingRow, make_generator
+from autoglm_serve.engine.core.runner import ModelRunner
+from autoglm_serve.engine.core.sampler import SamplingRow, make_generator
 from autoglm_serve.models.layers.attention import AttentionMetadata
 from autoglm_serve.sampling_params import MAX_LOGPROBS, SamplingParams
 

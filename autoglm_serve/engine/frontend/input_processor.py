@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autoglm_serve.engine.request import Request
+from autoglm_serve.engine.core.request import Request
 from autoglm_serve.multimodal.inputs import MultiModalItem
 from autoglm_serve.sampling_params import SamplingParams
 

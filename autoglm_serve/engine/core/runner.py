@@ -14,11 +14,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from autoglm_serve.engine.fault_injection import FaultInjector
-from autoglm_serve.engine.kv_cache import BlockTable
-from autoglm_serve.engine.request import Request
-from autoglm_serve.engine.sampler import Sampler, SamplerOutput, SamplingRow
-from autoglm_serve.engine.scheduler import ScheduledRequest
+from autoglm_serve.engine.core.fault_injection import FaultInjector
+from autoglm_serve.engine.core.kv_cache import BlockTable
+from autoglm_serve.engine.core.request import Request
+from autoglm_serve.engine.core.sampler import Sampler, SamplerOutput, SamplingRow
+from autoglm_serve.engine.core.scheduler import ScheduledRequest
 from autoglm_serve.host_transfer import to_device
 from autoglm_serve.models.layers.attention import Attention, AttentionBackend, AttentionMetadata
 from autoglm_serve.multimodal.encoder_cache import EncoderCache
@@ -259,7 +259,7 @@ class ModelRunner:
             layer.backend = self.backend
 
     def capture_cuda_graphs(self) -> None:
-        from autoglm_serve.engine.cuda_graphs import DecodeGraphs
+        from autoglm_serve.engine.core.cuda_graphs import DecodeGraphs
         self.graphs = DecodeGraphs(self.model, self.device, self.max_num_seqs,
                                    self.max_blocks_per_seq, self.uses_mrope)
         self.graphs.capture(self.max_model_len)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoglm_serve.engine.core import CoreOutput
-from autoglm_serve.engine.core_stats import CoreStats, EngineInfo
-from autoglm_serve.engine.request import Request
+from autoglm_serve.engine.core.engine_core import CoreOutput
+from autoglm_serve.engine.stats import CoreStats, EngineInfo
+from autoglm_serve.engine.core.request import Request
 
 
 @dataclass

@@ -13,8 +13,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from autoglm_serve.engine.kv_cache import KVCacheManager
-from autoglm_serve.engine.request import Request, RequestStatus
+from autoglm_serve.engine.core.kv_cache import KVCacheManager
+from autoglm_serve.engine.core.request import Request, RequestStatus
 
 
 @dataclass(slots=True)

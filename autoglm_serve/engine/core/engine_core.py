@@ -12,15 +12,15 @@ from dataclasses import dataclass
 
 import torch
 
-from autoglm_serve.engine.fault_isolation import FaultIsolation, is_fatal
-from autoglm_serve.engine.kv_cache import KVCacheManager
-from autoglm_serve.engine.memory_plan import image_processor, size_kv_cache
-from autoglm_serve.engine.model_setup import LoadedModel, load_model
-from autoglm_serve.engine.request import Request, RequestStatus
-from autoglm_serve.engine.runner import InFlightStep, ModelRunner
-from autoglm_serve.engine.scheduler import Scheduler
+from autoglm_serve.engine.core.fault_isolation import FaultIsolation, is_fatal
+from autoglm_serve.engine.core.kv_cache import KVCacheManager
+from autoglm_serve.engine.core.memory_plan import image_processor, size_kv_cache
+from autoglm_serve.engine.core.model_setup import LoadedModel, load_model
+from autoglm_serve.engine.core.request import Request, RequestStatus
+from autoglm_serve.engine.core.runner import InFlightStep, ModelRunner
+from autoglm_serve.engine.core.scheduler import Scheduler
 from autoglm_serve.engine.settings import EngineSettings
-from autoglm_serve.engine.sampler import SamplerOutput, make_generator
+from autoglm_serve.engine.core.sampler import SamplerOutput, make_generator
 from autoglm_serve.models.layers.attention import AttentionBackend
 from autoglm_serve.outputs import RequestError
 
@@ -90,7 +90,7 @@ class EngineCore:
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
         if self.device.type == "cuda":
-            from autoglm_serve.engine.kernel_checks import check_fused_ops
+            from autoglm_serve.engine.core.kernel_checks import check_fused_ops
             from autoglm_serve.kernels import compile_watch, gemv
             compile_watch.watch(False)
             check_fused_ops(self.device, self.loaded.dtype)
@@ -186,7 +186,7 @@ class EngineCore:
 
     # ---- the step -------------------------------------------------------------------------
     def step(self) -> list[CoreOutput]:
-        """One step (engine/fault_isolation.py: after a failed step, its requests one at a
+        """One step (engine/core/fault_isolation.py: after a failed step, its requests one at a
         time), and the requests that failed since the last."""
         outputs = self._isolated_step() if self.isolation.isolating else self._batched_step()
         if self._failed:

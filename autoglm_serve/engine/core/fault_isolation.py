@@ -4,8 +4,8 @@ A step runs many requests at once, so its exception does not say whose it is. Th
 failed step become suspects, and each is run alone for one step (the others wait those few
 steps): one that fails alone is failed with the error, the others go back to normal batching.
 Out of memory is a failure of the step's size, not of a request: the encoder cache's entries
-and the allocator's free blocks go back to the device, and a suspect that runs out of memory alone is retried with its
-prefill chunk halved before it is failed (an image goes through the vision tower whole, so a
+and the allocator's free blocks go back to the device, and a suspect that runs out of memory
+alone is retried with its prefill chunk halved before it is failed (an image goes through the vision tower whole, so a
 screenshot too large for the card still fails, and alone).
 
 Errors after which the device cannot be trusted (a CUDA error other than out of memory: an
@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from autoglm_serve.engine.request import Request
+from autoglm_serve.engine.core.request import Request
 from autoglm_serve.outputs import RequestError
 
 logger = logging.getLogger(__name__)
