@@ -20,7 +20,7 @@ from autoglm_serve.models.registry import resolve_model_class
 logger = logging.getLogger(__name__)
 
 # Architectures shipped with the package: served with dummy weights when no checkpoint is given.
-BUILTIN_CONFIGS = {"autoglm-phone-9b": Path(__file__).parent.parent / "models" / "configs"
+BUILTIN_CONFIGS = {"autoglm-phone-9b": Path(__file__).resolve().parents[2] / "models" / "configs"
                    / "autoglm-phone-9b"}
 
 
