@@ -5,8 +5,9 @@ Granularity: the *subpackage* (`engine`, `multimodal`, `kernels`, `models`,
 import each other freely; across subpackages the imports must form a DAG, so
 that e.g. `engine -> multimodal -> engine` fails. The top-level modules next to
 the subpackages (`config`, `sampling_params`, `llm`, ...) each count as a node of
-their own. Module-level and function-level imports both count: a lazy import
-inside a function still ties the two packages together.
+their own; `autoglm_serve/__init__.py` is none: it only re-exports. Module-level
+and function-level imports both count: a lazy import inside a function still
+ties the two packages together.
 """
 
 import ast
