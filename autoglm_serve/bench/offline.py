@@ -84,8 +84,7 @@ def _records_from_outputs(
 
 def _has_step_api(llm: Any) -> bool:
     engine = getattr(llm, "engine", None)
-    return all(hasattr(engine, a) for a in ("add_request", "step", "has_unfinished",
-                                            "next_request_id"))
+    return all(hasattr(engine, a) for a in ("add_request", "step", "has_unfinished"))
 
 
 def _run_stepping(
@@ -96,12 +95,13 @@ def _run_stepping(
     records: dict[str, RequestRecord] = {}
     order: list[str] = []
     for i, (prompt, sp, req) in enumerate(zip(prompts, params, requests)):
-        rid = engine.frontend.next_request_id()
+        frontend = getattr(engine, "frontend", None)   # ours prepares prompts, vLLM's not
+        rid = frontend.next_request_id() if frontend is not None else str(i)
         rec = RequestRecord(index=i, prompt_len=len(prompt) if isinstance(prompt, list)
                             else req.prompt_len, expected_output_len=req.output_len)
         rec.start = time.perf_counter()
-        if hasattr(engine, "prepare"):  # prompt -> PreparedPrompt (token ids, images)
-            engine.add_request(rid, engine.frontend.prepare(prompt), sp, delta=True)
+        if frontend is not None:  # prompt -> PreparedPrompt (token ids, images)
+            engine.add_request(rid, frontend.prepare(prompt), sp, delta=True)
         else:
             engine.add_request(rid, prompt, sp, delta=True)
         records[rid], order = rec, order + [rid]
