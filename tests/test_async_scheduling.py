@@ -3,6 +3,7 @@ gives exactly the synchronous engine's outputs, and leaks nothing when requests 
 aborted while a step is in flight."""
 import pytest
 
+from autoglm_serve.engine.core.warm_up import warm_up
 from autoglm_serve import LLM, SamplingParams
 from autoglm_serve.engine.frontend.input_processor import PreparedPrompt
 from tests.tiny_models import build_tiny_decoder
@@ -76,7 +77,7 @@ def test_warm_up_leaves_a_clean_engine(path):
     core = llm.engine.core
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     before = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
-    core.warm_up()
+    warm_up(core)
     assert not core.requests and core._inflight is None
     assert core.kv.num_free_blocks == core.kv.num_blocks
     assert core.num_prompt_tokens_total == 0 and core.kv.prefix_hits == 0

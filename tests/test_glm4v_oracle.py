@@ -6,6 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
+from autoglm_serve.engine.core.warm_up import warm_up
 from autoglm_serve import LLM, SamplingParams
 from tests.glm4v_fixtures import make_tiny_glm4v
 
@@ -164,7 +165,7 @@ def test_warm_up_encodes_a_screenshot_and_leaves_no_trace(checkpoint, llm, hf):
     core.runner.encoder_cache.clear()
     grids.clear()
 
-    core.warm_up()
+    warm_up(core)
     assert any(h > 2 * w for _, h, w in grids), grids   # the tall screenshot went through
     cache = core.runner.encoder_cache
     assert not cache.entries and cache.hits == cache.misses == 0

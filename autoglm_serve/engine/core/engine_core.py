@@ -7,18 +7,18 @@ aborts a request here when its text hits a stop string. So this loop can run on 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 import torch
 
 from autoglm_serve.engine.core.fault_isolation import FaultIsolation, is_fatal
 from autoglm_serve.engine.core.kv_cache import KVCacheManager
-from autoglm_serve.engine.core.memory_plan import image_processor, size_kv_cache
+from autoglm_serve.engine.core.memory_plan import size_kv_cache
 from autoglm_serve.engine.core.model_setup import LoadedModel, load_model
 from autoglm_serve.engine.core.request import Request, RequestStatus
 from autoglm_serve.engine.core.runner import InFlightStep, ModelRunner
 from autoglm_serve.engine.core.scheduler import Scheduler
+from autoglm_serve.engine.core.warm_up import warm_up
 from autoglm_serve.engine.settings import EngineSettings
 from autoglm_serve.engine.core.sampler import SamplerOutput, make_generator
 from autoglm_serve.models.layers.attention import AttentionBackend
@@ -98,7 +98,7 @@ class EngineCore:
             self.runner.check_backend()
             if not config.enforce_eager and self.runner.backend.name == "triton":
                 self.runner.capture_cuda_graphs()
-            self.warm_up()
+            warm_up(self)
             compile_watch.watch()
 
     def _make_runner(self) -> ModelRunner:
@@ -106,48 +106,6 @@ class EngineCore:
         return ModelRunner(self.loaded.model, backend, self.device, self.loaded.dtype,
                            self.config.block_size, self.max_model_len, self.config.max_num_seqs,
                            self.max_num_batched_tokens, self.vocab_size)
-
-    def warm_up(self) -> None:
-        """Runs the shapes a server meets first (lone and batched prefills, mixed steps, a
-        prefix-cache hit, and for a vision model one phone screenshot) so Triton compiles its
-        kernel variants and cuDNN plans its attention now, not during the first user requests
-        (a compile costs about a second of TTFT)."""
-        from autoglm_serve.sampling_params import SamplingParams
-        start = time.monotonic()
-        params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
-        lengths = [[17], [5, 16, 33, 1], [48], [48]]    # the last one hits the prefix cache
-        for i, group in enumerate(lengths):
-            for j, n in enumerate(group):
-                if n + 3 >= self.max_model_len:
-                    continue
-                ids = [(7 * k + j) % self.vocab_size for k in range(n)]
-                self.add_request(Request(f"warmup-{i}-{j}", ids, params, frozenset(), 3))
-            while self.has_unfinished():
-                self.step()
-        if self.runner.encoder_cache is not None:
-            self._warm_up_screenshot(params)
-        self.kv.reset_prefix_cache()
-        self.kv.prefix_queries = self.kv.prefix_hits = 0
-        self.num_prompt_tokens_total = self.num_generation_tokens_total = 0
-        self.scheduler.num_preemptions = 0
-        logger.info("warm-up in %.1f s", time.monotonic() - start)
-
-    def _warm_up_screenshot(self, params) -> None:
-        """A blank 1080x2400 screenshot, sized by the server's own image settings (the common
-        phone agent's first request), through the vision tower and the prefill."""
-        from PIL import Image
-        processor = image_processor(self.config, self.loaded)
-        prompt = processor.build([self.loaded.hf_config.image_token_id, 0, 1],
-                                 [Image.new("RGB", (1080, 2400), (255, 255, 255))])
-        if len(prompt.token_ids) + 3 >= self.max_model_len:
-            return
-        positions, delta = prompt.mrope
-        self.add_request(Request("warmup-screenshot", prompt.token_ids, params, frozenset(), 3,
-                                 mm_items=prompt.items, mrope_positions=positions,
-                                 mrope_delta=delta))
-        while self.has_unfinished():
-            self.step()
-        self.runner.encoder_cache.clear()
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:

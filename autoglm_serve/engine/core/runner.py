@@ -98,6 +98,7 @@ class ModelRunner:
         self.attention_layers = [m for m in model.modules() if isinstance(m, Attention)]
         for layer in self.attention_layers:
             layer.backend = backend
+        model.bound_runner = None       # whose KV cache and backend the layers hold
         # Observer of every step's logits (tests compare them with transformers).
         self.logits_hook: Callable[[list[Request], torch.Tensor], None] | None = None
         self.encoder_cache = EncoderCache() if hasattr(model, "embed_images") else None
@@ -119,8 +120,9 @@ class ModelRunner:
         for layer in self.attention_layers:
             cache = torch.zeros(2, num_blocks, layer.num_kv_heads, self.block_size, layer.head_dim,
                                 dtype=self.dtype, device=self.device)
-            layer.kv_cache = cache
             self.kv_caches.append(cache)
+        self.model.bound_runner = None
+        self.bind_kv_cache()
 
     def release_memory(self) -> None:
         """After running out of device memory: the encoder cache's embeddings (recomputed
@@ -255,8 +257,8 @@ class ModelRunner:
         logger.warning("attention backend %r failed its self-check: using the PyTorch backend",
                        self.backend.name)
         self.backend = TorchAttentionBackend()
-        for layer in self.attention_layers:
-            layer.backend = self.backend
+        self.model.bound_runner = None
+        self.bind_kv_cache()
 
     def capture_cuda_graphs(self) -> None:
         from autoglm_serve.engine.core.cuda_graphs import DecodeGraphs
@@ -281,10 +283,14 @@ class ModelRunner:
         return self.model.compute_logits(hidden[logits_index])
 
     def bind_kv_cache(self) -> None:
-        """Points the attention layers at this runner's cache (engines may share one model)."""
+        """Points the attention layers at this runner's cache: engines may share one model
+        (tests, `LLM(loaded=...)`), so the runner that steps it last binds it, once."""
+        if getattr(self.model, "bound_runner", None) is self:
+            return
         for layer, cache in zip(self.attention_layers, self.kv_caches):
             layer.kv_cache = cache
             layer.backend = self.backend
+        self.model.bound_runner = self
 
     def _feed(self, ids: torch.Tensor, hb: HostBatch) -> None:
         """Input ids sampled by the previous (in-flight) step, copied device to device."""
