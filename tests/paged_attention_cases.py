@@ -1,6 +1,6 @@
 """Random paged-attention batches and the check of a backend against TorchAttentionBackend.
 
-Shared by the GPU tests, the Triton-interpreter tests and bench/gpu/attention_bench.py. Every cache
+Shared by the GPU tests, the Triton-interpreter tests and scripts/gpu/attention_bench.py. Every cache
 slot that no sequence has written yet holds NaN (as do pages nobody owns, which the unused tails of
 the block tables point at), so a kernel that reads past a context or before writing leaks NaN
 into its output; the oracle runs on the same cache with the NaN zeroed.

@@ -29,7 +29,7 @@ its wait was measured too, and lost: 185 against 189.5 tok/s at batch 1, both wi
 signalled early.)
 
 Launch parameters depend only on (M, N, K, dtype) so CUDA graphs can capture the launches;
-``select_config`` reads ``TUNED`` (filled from ``bench/gpu/gemv_bench.py`` on the H200) and falls
+``select_config`` reads ``TUNED`` (filled from ``scripts/gpu/gemv_bench.py`` on the H200) and falls
 back to ``default_config``. ``self_check`` compares against PyTorch at start-up and switches the
 kernels off (``ENABLED``) on any problem.
 """
@@ -65,7 +65,7 @@ class GemvConfig(NamedTuple):
 
 # (kind, rows bucket, N, K) -> config, for 16-bit weights. kind is "linear" or "gated" (N is
 # then I, the weight has 2I rows); the bucket is the next power of two >= M. None: cuBLAS was
-# faster there, so F.linear runs. The table bench/gpu/gemv_bench.py prints, from the H200
+# faster there, so F.linear runs. The table scripts/gpu/gemv_bench.py prints, from the H200
 # (bf16, 2026-11-29) at AutoGLM-Phone-9B's shapes; each comment: the GEMV's time, then cuBLAS's
 # (plus the separate SiLU kernel for "gated").
 TUNED: dict[tuple[str, int, int, int], GemvConfig | None] = {

@@ -1,6 +1,6 @@
 """AutoGLM-Phone-9B's vision tower on one phone screenshot: where its time goes (GPU).
 
-    python bench/gpu/vit_bench.py [--screenshot PATH] [--max-pixels 5000000] [--profile]
+    python scripts/gpu/vit_bench.py [--screenshot PATH] [--max-pixels 5000000] [--profile]
 
 Builds the packaged config's tower (random weights, bf16), preprocesses the screenshot with our
 image processor, then times one forward (median of --runs after a warm-up):

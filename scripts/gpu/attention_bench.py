@@ -1,6 +1,6 @@
 """Triton paged attention on one GPU: correctness at the model's shapes, then timings.
 
-    python bench/gpu/attention_bench.py [--block-size 16]
+    python scripts/gpu/attention_bench.py [--block-size 16]
 
 AutoGLM-Phone-9B attention (32 query heads, 2 KV heads, head_dim 128, bf16), one layer:
 - decode at batch 1/64/256 x context 512/2k/8k/32k: median time of one backend step (KV write +

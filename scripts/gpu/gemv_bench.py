@@ -1,6 +1,6 @@
 """Decode GEMV kernels (autoglm_serve/kernels/gemv.py) against cuBLAS on one GPU.
 
-    python3 bench/gpu/gemv_bench.py [--quick] [--out gemv_bench.json] [--ms 1,2,4,8]
+    python3 scripts/gpu/gemv_bench.py [--quick] [--out gemv_bench.json] [--ms 1,2,4,8]
 
 AutoGLM-Phone-9B's decode GEMMs (bf16, x [M, K] @ W[N, K]^T): qkv (4608 x 4096, bias), o_proj
 (4096 x 4096), gate_up (27392 x 4096; ours fused with SiLU, output 13696), down (4096 x 13696),

@@ -1,7 +1,7 @@
 """The "GPU fast path" figures of our offline engine next to transformers, in one GPU run.
 
-    python bench/gpu/engine_bench.py [--skip-baseline] [--only single,throughput,ttft]
-    python bench/gpu/engine_bench.py --smoke          # CPU, tiny GLM-4.1V, every code path
+    python scripts/gpu/engine_bench.py [--skip-baseline] [--only single,throughput,ttft]
+    python scripts/gpu/engine_bench.py --smoke          # CPU, tiny GLM-4.1V, every code path
 
 AutoGLM-Phone-9B architecture, random weights, bf16:
 - single stream: one 512-token prompt, 256 new tokens; decode tok/s = 255 / (finish - first token);

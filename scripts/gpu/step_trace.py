@@ -1,6 +1,6 @@
 """Where the offline figure's time goes, step by step (GPU).
 
-    python bench/gpu/step_trace.py [--num-requests 512] [--max-num-batched-tokens 8192]
+    python scripts/gpu/step_trace.py [--num-requests 512] [--max-num-batched-tokens 8192]
 
 Runs the offline workload of engine_bench.py (N requests of 512 random tokens, 256 new tokens,
 all submitted together) on AutoGLM-Phone-9B with dummy weights, and records for every step:

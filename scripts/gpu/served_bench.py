@@ -1,7 +1,7 @@
 """Our engine served over HTTP: 256 concurrent streams vs the same engine offline.
 
-    python bench/gpu/served_bench.py [--port 8011] [--num-requests 256]
-    python bench/gpu/served_bench.py --smoke          # CPU, tiny GLM-4.1V, every code path
+    python scripts/gpu/served_bench.py [--port 8011] [--num-requests 256]
+    python scripts/gpu/served_bench.py --smoke          # CPU, tiny GLM-4.1V, every code path
 
 Starts `python -m autoglm_serve.cli serve autoglm-phone-9b --load-format dummy ...`, waits for
 /health (up to --server-timeout-s), warms it up, then sends --num-requests streaming
