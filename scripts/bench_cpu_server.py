@@ -18,9 +18,6 @@ import json
 import os
 import platform
 import shutil
-import socket
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +28,8 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from autoglm_serve.bench.server_process import ServerProcess, free_port  # noqa: E402
+
 TOPICS = ["cats", "the moon", "bread", "rivers", "chess", "volcanoes", "tea", "bicycles",
           "owls", "glass", "maps", "thunder", "bees", "paper", "clocks", "whales"]
 
@@ -61,39 +60,15 @@ class Result:
         return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000 if xs else float("nan")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, cmd: list[str], port: int, log: Path):
-        self.port, self.log = port, log
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
-               "TOKENIZERS_PARALLELISM": "false"}
-        self.proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-                                     env=env, cwd=ROOT)
-
-    def wait(self, path: str = "/health", timeout: float = 900) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}{path}", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"server not up: {self.log.read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+def start(cmd: list[str], port: int, log: Path) -> ServerProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    server = ServerProcess(cmd, port, log, env=env, cwd=ROOT).spawn()
+    why = server.wait_healthy(900)
+    if why is not None:
+        server.stop()
+        raise RuntimeError(f"server {why}: {server.log(3000)}")
+    return server
 
 
 async def _one(c: httpx.AsyncClient, model: str, prompt: str, max_tokens: int,
@@ -208,11 +183,10 @@ def main() -> int:
 
     # 1. our server: the same load as transformers gets, then 64 streams with ignore_eos.
     port = free_port()
-    ours = Server([sys.executable, "-m", "autoglm_serve.cli", "serve", "--host", "127.0.0.1",
-                   "--port", str(port), "--max-model-len", str(args.max_model_len),
-                   "--uvicorn-log-level", "warning"], port, work / "ours.log")
+    ours = start([sys.executable, "-m", "autoglm_serve.cli", "serve", "--host", "127.0.0.1",
+                  "--port", str(port), "--max-model-len", str(args.max_model_len),
+                  "--uvicorn-log-level", "warning"], port, work / "ours.log")
     try:
-        ours.wait()
         url = f"http://127.0.0.1:{port}"
         same = asyncio.run(run_load(url, "SmolLM2-135M-Instruct", items, args.max_tokens,
                                     args.concurrency, {}, count, "autoglm-serve"))
@@ -235,11 +209,10 @@ def main() -> int:
     if not args.skip_transformers and hf_cli:
         model_dir = safetensors_copy(work / "smollm2-safetensors")
         port = free_port()
-        hf = Server([hf_cli, "serve", str(model_dir), "--continuous-batching",
-                     "--device", "cpu", "--dtype", "float32", "--host", "127.0.0.1",
-                     "--port", str(port)], port, work / "transformers.log")
+        hf = start([hf_cli, "serve", str(model_dir), "--continuous-batching",
+                    "--device", "cpu", "--dtype", "float32", "--host", "127.0.0.1",
+                    "--port", str(port)], port, work / "transformers.log")
         try:
-            hf.wait()
             rows.append(asyncio.run(run_load(
                 f"http://127.0.0.1:{port}", str(model_dir), items, args.max_tokens,
                 args.concurrency, {}, count, "transformers serve --continuous-batching")))

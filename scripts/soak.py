@@ -19,9 +19,6 @@ import asyncio
 import json
 import os
 import random
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +27,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
+
+from autoglm_serve.bench.server_process import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAT, COMP = "/v1/chat/completions", "/v1/completions"
@@ -120,39 +119,19 @@ def listening_pid(port: int) -> int | None:
     return None
 
 
-def _die_with_parent() -> None:
-    """A killed soak must not leave its server behind (Linux: PR_SET_PDEATHSIG)."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
-    except OSError:
-        pass
-
-
-def start_server(extra: list[str]) -> tuple[subprocess.Popen, str, Path]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def start_server(extra: list[str]) -> ServerProcess:
+    port = free_port()
     log = Path(tempfile.mkstemp(prefix="autoglm-soak-", suffix=".log")[1])
     cmd = [sys.executable, "-m", "autoglm_serve.cli", "serve", *SERVER_ARGS, *extra,
            "--host", "127.0.0.1", "--port", str(port)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env,
-                            cwd=ROOT, preexec_fn=_die_with_parent)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url, log
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit(f"server not healthy after 600 s:\n{log.read_text()[-4000:]}")
+    server = ServerProcess(cmd, port, log, env=env, cwd=ROOT).spawn()
+    why = server.wait_healthy(600)
+    if why is not None:
+        server.stop()
+        raise SystemExit(f"server {why}:\n{server.log(4000)}")
+    return server
 
 
 # ---- the traffic ----------------------------------------------------------------------------
@@ -287,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="extra argument for the server this script starts (repeatable)")
     args = ap.parse_args(argv)
 
-    proc = log = None
+    server = log = None
     if args.base_url:
         base_url = args.base_url.rstrip("/")
         parts = urlsplit(base_url)
@@ -295,8 +274,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--base-url must be a loopback address: the soak sends hostile traffic")
         pid = args.pid or listening_pid(parts.port or 80)
     else:
-        proc, base_url, log = start_server(args.server_arg)
-        pid = proc.pid
+        server = start_server(args.server_arg)
+        base_url, pid, log = server.base_url, server.proc.pid, server.log_path
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:
         with httpx.Client(base_url=base_url, headers=headers, timeout=120) as client:
@@ -314,12 +293,8 @@ def main(argv: list[str] | None = None) -> int:
             after = {"metrics": metrics_after, "rss_mb": rss_mb(pid),
                      "loadavg": os.getloadavg()}
     finally:
-        if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        if server is not None:
+            server.stop()
 
     fives = sum(n for c in tally.requests.values() for s, n in c.items()
                 if s.isdigit() and int(s) >= 500)

@@ -12,8 +12,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,69 +20,37 @@ from pathlib import Path
 
 import httpx
 
+from autoglm_serve.bench.server_process import ServerProcess as BaseServerProcess
+from autoglm_serve.bench.server_process import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 600.0   # the shared CPU machine can be slow to load even a 135M model
 
 
-def _die_with_parent() -> None:
-    """A killed test run must not leave servers behind (Linux: PR_SET_PDEATHSIG)."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
-    except OSError:
-        pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
+class ServerProcess(BaseServerProcess):
     def __init__(self, args: list[str], *, module: str = "autoglm_serve.cli",
                  subcommand: str | None = "serve", api_key: str | None = None,
                  env: dict[str, str] | None = None):
-        self.port = free_port()
+        port = free_port()
         self.api_key = api_key
-        self.log_path = Path(tempfile.mkstemp(prefix="autoglm-server-", suffix=".log")[1])
-        cmd = [sys.executable, "-m", module] + ([subcommand] if subcommand else [])
-        self.cmd = cmd + list(args) + ["--host", "127.0.0.1", "--port", str(self.port)]
         self.marker = uuid.uuid4().hex
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
-                    "TOKENIZERS_PARALLELISM": "false", "AUTOGLM_TEST_SERVER": self.marker,
-                    **(env or {})}
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def url(self, path: str) -> str:
-        return self.base_url + path
+        cmd = [sys.executable, "-m", module] + ([subcommand] if subcommand else [])
+        super().__init__(
+            cmd + list(args) + ["--host", "127.0.0.1", "--port", str(port)], port,
+            tempfile.mkstemp(prefix="autoglm-server-", suffix=".log")[1],
+            env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
+                 "TOKENIZERS_PARALLELISM": "false", "AUTOGLM_TEST_SERVER": self.marker,
+                 **(env or {})}, cwd=ROOT)
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def start(self, timeout: float = START_TIMEOUT_S) -> ServerProcess:
-        log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT,
-                                     env=self.env, cwd=ROOT, preexec_fn=_die_with_parent)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(self.url("/health"), timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"server not healthy after {timeout:.0f} s:\n{self.log()}")
-
-    def log(self, tail: int = 8000) -> str:
-        return self.log_path.read_text(errors="replace")[-tail:]
+        why = self.spawn().wait_healthy(timeout)
+        if why is not None:
+            self.stop()
+            raise RuntimeError(f"server {why}\n{self.log()}")
+        return self
 
     def healthy(self) -> bool:
         try:
@@ -105,16 +71,6 @@ class ServerProcess:
         """Prometheus samples by name+labels, e.g. 'vllm:num_requests_running{...}'."""
         text = httpx.get(self.url("/metrics"), timeout=10).text
         return parse_metrics(text)
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int | None:
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
 
     def __enter__(self) -> ServerProcess:
         return self.start()

@@ -18,19 +18,13 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
+from autoglm_serve.bench.server_process import ServerProcess, free_port
 from tests.tiny_llama import build_tiny_llama
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(600)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _transformers_cmd(model: Path, port: int) -> list[str]:
@@ -56,33 +50,14 @@ def _ours_cmd(model: Path, port: int, *extra: str) -> list[str]:
 ENGINES = {"transformers": _transformers_cmd, "autoglm": _ours_cmd}
 
 
-class Server:
-    def __init__(self, cmd: list[str], port: int, log: Path) -> None:
-        self.port, self.log = port, log
-        env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
-        self._log = open(log, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     cwd=ROOT, start_new_session=True)
-        self.url = f"http://127.0.0.1:{port}"
-
-    def wait_ready(self, timeout: float = 180) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log.read_text()[-2000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2, trust_env=False).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise RuntimeError(f"server not ready: {self.log.read_text()[-2000:]}")
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # the process group we started
-            self.proc.wait(timeout=30)
-        self._log.close()
+def start_server(cmd: list[str], port: int, log: Path, timeout: float = 180) -> ServerProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    server = ServerProcess(cmd, port, log, env=env, cwd=ROOT).spawn()
+    why = server.wait_healthy(timeout)
+    if why is not None:
+        server.stop(signal.SIGKILL)
+        raise RuntimeError(f"server {why}: {server.log(2000)}")
+    return server
 
 
 @pytest.fixture(scope="module")
@@ -94,13 +69,12 @@ def tiny_model(tmp_path_factory) -> Path:
 def server(request, tiny_model, tmp_path_factory):
     port = free_port()
     cmd = ENGINES[request.param](tiny_model, port)
-    srv = Server(cmd, port, tmp_path_factory.mktemp("logs") / f"{request.param}.log")
+    srv = start_server(cmd, port, tmp_path_factory.mktemp("logs") / f"{request.param}.log")
     srv.engine = request.param
     try:
-        srv.wait_ready()
         yield srv
     finally:
-        srv.kill()
+        srv.stop(signal.SIGKILL)
 
 
 def bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -116,7 +90,7 @@ def table_rows(markdown: str) -> list[list[str]]:
 
 def test_sweep_writes_table_json_and_plots(server, tiny_model, tmp_path):
     out = tmp_path / "sweep"
-    proc = bench("serve", "--base-url", server.url, "--model", str(tiny_model),
+    proc = bench("serve", "--base-url", server.base_url, "--model", str(tiny_model),
                  "--dataset", "random", "--num-prompts", "6", "--input-len", "24",
                  "--output-len", "8", "--max-concurrency", "1,2,4", "--label", server.engine,
                  "--goodput", "ttft:60000", "tpot:10000", "--out", str(out))
@@ -159,7 +133,7 @@ def test_completions_endpoint_and_compare(server, tiny_model, tmp_path):
     runs = []
     for label, endpoint in (("chat", "/v1/chat/completions"), ("completions", "/v1/completions")):
         out = tmp_path / label
-        proc = bench("serve", "--base-url", server.url + "/v1", "--endpoint", endpoint,
+        proc = bench("serve", "--base-url", server.base_url + "/v1", "--endpoint", endpoint,
                      "--num-prompts", "4", "--input-len", "16", "--output-len", "6",
                      "--max-concurrency", "1,2", "--label", f"{server.engine}-{label}",
                      "--no-progress", "--out", str(out))
@@ -177,7 +151,7 @@ def test_completions_endpoint_and_compare(server, tiny_model, tmp_path):
 
 def test_phone_agent_two_agents_three_steps(server, tiny_model, tmp_path):
     out = tmp_path / "agent"
-    proc = bench("serve", "--base-url", server.url, "--model", str(tiny_model),
+    proc = bench("serve", "--base-url", server.base_url, "--model", str(tiny_model),
                  "--dataset", "phone-agent", "--agents", "2", "--steps", "3",
                  "--output-len", "8", "--max-concurrency", "2", "--label", "agent",
                  "--out", str(out))
@@ -205,25 +179,24 @@ def test_phone_agent_two_agents_three_steps(server, tiny_model, tmp_path):
 def test_killed_server_is_reported_as_failures(tiny_model, tmp_path):
     """Kill the server mid-run: the bench finishes, reports failures with reasons, exits 0."""
     port = free_port()
-    srv = Server(_transformers_cmd(tiny_model, port), port, tmp_path / "server.log")
+    srv = start_server(_transformers_cmd(tiny_model, port), port, tmp_path / "server.log")
     try:
-        srv.wait_ready()
         out = tmp_path / "killed"
         env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "autoglm_serve.bench", "bench", "serve", "--base-url", srv.url,
+            [sys.executable, "-m", "autoglm_serve.bench", "bench", "serve", "--base-url", srv.base_url,
              "--model", str(tiny_model), "--num-prompts", "40", "--input-len", "16",
              "--output-len", "24", "--max-concurrency", "2", "--request-timeout", "60",
              "--no-progress", "--out", str(out)],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         # Let a few requests complete, then kill the server under the running benchmark.
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and srv.log.read_text().count("POST /v1/chat") < 4:
+        while time.monotonic() < deadline and srv.log(10**7).count("POST /v1/chat") < 4:
             time.sleep(0.2)
-        srv.kill()
+        srv.stop(signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=120)
     finally:
-        srv.kill()
+        srv.stop(signal.SIGKILL)
     assert proc.returncode == 0, stderr[-3000:]
     result = json.loads((out / "results.json").read_text())
     s = result["points"][0]["summary"]
@@ -302,16 +275,16 @@ def test_phone_agent_on_our_server_with_a_vision_model(tmp_path):
     model = make_tiny_glm4v(tmp_path / "tiny-glm4v", seed=2)
     port = free_port()
     # Small max_pixels keeps the tiny ViT fast on CPU; the PNG is still a full 1080x2400 upload.
-    srv = Server(_ours_cmd(model, port, "--mm-processor-kwargs",
-                           '{"max_pixels": 100000}'), port, tmp_path / "server.log")
+    srv = start_server(_ours_cmd(model, port, "--mm-processor-kwargs",
+                                 '{"max_pixels": 100000}'), port, tmp_path / "server.log",
+                       timeout=300)
     try:
-        srv.wait_ready(timeout=300)
         out = tmp_path / "agent"
-        proc = bench("serve", "--base-url", srv.url, "--model", str(model), "--dataset",
+        proc = bench("serve", "--base-url", srv.base_url, "--model", str(model), "--dataset",
                      "phone-agent", "--agents", "2", "--steps", "3", "--output-len", "8",
                      "--ignore-eos", "--max-concurrency", "2", "--out", str(out))
     finally:
-        srv.kill()
+        srv.stop(signal.SIGKILL)
     assert proc.returncode == 0, proc.stderr[-3000:]
     point = json.loads((out / "results.json").read_text())["points"][0]
     assert point["summary"]["failed"] == 0, point["summary"]["failure_reasons"]

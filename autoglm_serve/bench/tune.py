@@ -11,12 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import shlex
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,10 +20,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from autoglm_serve.bench.client import ClientConfig
 from autoglm_serve.bench.runner import BenchError, ServeBenchConfig, run_serve_bench
+from autoglm_serve.bench.server_process import ServerProcess, free_port
 
 
 @dataclass(frozen=True)
@@ -93,60 +87,6 @@ def candidates(cfg: TuneConfig) -> list[Candidate]:
     return grid
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    """Our server as a child process in its own process group, so stopping it stops its workers."""
-
-    def __init__(self, cmd: list[str], port: int, log_path: Path) -> None:
-        self.cmd, self.port, self.log_path = cmd, port, log_path
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def wait_healthy(self, timeout_s: float) -> str | None:
-        """None when GET /health answered 200, else why not."""
-        deadline = time.monotonic() + timeout_s
-        with httpx.Client(timeout=5, trust_env=False) as http:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    return f"exited with code {self.proc.returncode}: {self.log_tail()}"
-                try:
-                    if http.get(self.base_url + "/health").status_code == 200:
-                        return None
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.5)
-        return f"not healthy after {timeout_s:g} s: {self.log_tail()}"
-
-    def log_tail(self, lines: int = 3) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").strip().splitlines()
-        except OSError:
-            return ""
-        return " | ".join(text[-lines:])[-400:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-            except ProcessLookupError:
-                pass
-        self._log.close()
-
-
 def _score(trial: TuneTrial, result: dict[str, Any]) -> None:
     best = None
     for p in result["points"]:
@@ -181,7 +121,7 @@ def run_trial(cfg: TuneConfig, cand: Candidate, log_dir: Path) -> TuneTrial:
         "--port", str(port)] + cand.serve_args() + cfg.extra_serve_args
     log_path = log_dir / f"server-{cand.max_num_seqs}-{cand.max_num_batched_tokens}-" \
                          f"{cand.gpu_memory_utilization:g}-{int(cand.chunked_prefill)}.log"
-    server = ServerProcess(cmd, port, log_path)
+    server = ServerProcess(cmd, port, log_path).spawn()
     try:
         why = server.wait_healthy(cfg.startup_timeout_s)
         if why is not None:

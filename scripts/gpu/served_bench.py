@@ -25,7 +25,6 @@ import asyncio
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests"), HERE]
+from autoglm_serve.bench.server_process import ServerProcess  # noqa: E402
 
 
 def synthetic_tokenizer(path: str, vocab_size: int) -> str:
@@ -60,57 +60,23 @@ def model_vocab(model: str) -> tuple[int, int]:
     return tc["vocab_size"], min(150000, *specials)
 
 
-class Server:
-    """Our server as a child process in its own process group; stopped by its pid only."""
-
-    def __init__(self, args, tokenizer: str | None, log_path: str):
-        cmd = [sys.executable, "-m", "autoglm_serve.cli", "serve", args.model,
-               "--load-format", "dummy", "--dtype", args.dtype, "--host", "127.0.0.1",
-               "--port", str(args.port), "--max-model-len", str(args.max_model_len),
-               "--max-num-seqs", str(args.max_num_seqs),
-               "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-               "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning"]
-        if tokenizer:
-            cmd += ["--tokenizer", tokenizer]
-        if args.smoke:
-            cmd += ["--device", "cpu", "--kv-cache-memory-gib", "0.25", "--enforce-eager"]
-        else:
-            cmd += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
-        cmd += args.server_arg
-        print("server: " + " ".join(cmd[1:]), flush=True)
-        self.log_path = log_path
-        self.log = open(log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                     start_new_session=True)
-
-    def tail(self, n: int = 3000) -> str:
-        with open(self.log_path) as f:
-            return f.read()[-n:]
-
-    async def wait_healthy(self, base: str, timeout: float) -> float:
-        import httpx
-        t0 = time.monotonic()
-        async with httpx.AsyncClient(trust_env=False, timeout=5) as http:
-            while time.monotonic() - t0 < timeout:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.tail()}")
-                try:
-                    if (await http.get(base + "/health")).status_code == 200:
-                        return time.monotonic() - t0
-                except httpx.HTTPError:
-                    pass
-                await asyncio.sleep(1.0)
-        raise TimeoutError(f"no /health after {timeout:.0f}s:\n{self.tail()}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)   # graceful: uvicorn drains, engine stops
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.log.close()
+def start_server(args, tokenizer: str | None, log_path: str) -> ServerProcess:
+    """Our server as a child process (autoglm_serve/bench/server_process.py)."""
+    cmd = [sys.executable, "-m", "autoglm_serve.cli", "serve", args.model,
+           "--load-format", "dummy", "--dtype", args.dtype, "--host", "127.0.0.1",
+           "--port", str(args.port), "--max-model-len", str(args.max_model_len),
+           "--max-num-seqs", str(args.max_num_seqs),
+           "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+           "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning"]
+    if tokenizer:
+        cmd += ["--tokenizer", tokenizer]
+    if args.smoke:
+        cmd += ["--device", "cpu", "--kv-cache-memory-gib", "0.25", "--enforce-eager"]
+    else:
+        cmd += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+    cmd += args.server_arg
+    print("server: " + " ".join(cmd[1:]), flush=True)
+    return ServerProcess(cmd, args.port, log_path, cwd=ROOT).spawn()
 
 
 async def load(base: str, model: str, prompts: list[list[int]], output_len: int,
@@ -189,9 +155,13 @@ async def main_async(args) -> dict:
         tokenizer = synthetic_tokenizer(tempfile.mkdtemp(prefix="synth_tok_"), vocab)
     result: dict = dict(args=vars(args))
     mon = make_monitor()
-    server = Server(args, tokenizer, os.path.join(out_dir, "served_server.log"))
+    server = start_server(args, tokenizer, os.path.join(out_dir, "served_server.log"))
     try:
-        result["startup_s"] = await server.wait_healthy(base, args.server_timeout_s)
+        t_start = time.monotonic()
+        why = await asyncio.to_thread(server.wait_healthy, args.server_timeout_s)
+        if why is not None:
+            raise RuntimeError(f"server {why}:\n{server.log(3000)}")
+        result["startup_s"] = time.monotonic() - t_start
         print(f"server healthy after {result['startup_s']:.0f}s", flush=True)
         rng = random.Random(0)
         t0 = time.monotonic()   # warm-up: every decode batch size, outside the timing
