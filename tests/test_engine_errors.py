@@ -33,12 +33,12 @@ def test_bad_prompts_fail_clearly_and_the_engine_keeps_serving(tiny):
     before = serves(llm)
     with pytest.raises(ValueError, match="prompt is empty"):
         llm.generate([[]], GREEDY)
-    with pytest.raises(ValueError, match=r"prompt has 70 tokens, but max_model_len is 64"):
+    with pytest.raises(ValueError, match=r"maximum context length is 64 tokens, but the prompt has 70"):
         llm.generate([[1] * 70], GREEDY)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         llm.generate([[1, 2, 500]], GREEDY)
     # a bad prompt in a batch fails the whole call and leaves nothing behind
-    with pytest.raises(ValueError, match="max_model_len"):
+    with pytest.raises(ValueError, match="maximum context length"):
         llm.generate([PROMPTS[0], [1] * 64], GREEDY)
     core = llm.engine.core
     assert not core.has_unfinished() and core.kv.num_free_blocks == core.kv.num_blocks

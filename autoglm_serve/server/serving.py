@@ -113,15 +113,13 @@ class Serving:
 
     def check_length(self, token_ids: list[int], param: str,
                      max_tokens: tuple[str, int] | None = None) -> None:
-        """max_tokens: the (field, value) the client asked for, which must fit beside the
-        prompt (as vLLM answers); a server default is clamped to the room left instead."""
-        if not token_ids:
-            raise bad_request("the prompt is empty", param)
-        if len(token_ids) >= self.max_model_len:
-            raise bad_request(
-                f"This model's maximum context length is {self.max_model_len} tokens, but the "
-                f"prompt has {len(token_ids)} tokens (the prompt plus at least one generated "
-                "token must fit). Shorten the prompt.", param)
+        """The engine's own prompt check (InputProcessor.validate) as a 400, then the HTTP
+        API's: max_tokens, the (field, value) the client asked for, must fit beside the prompt
+        (as vLLM answers); a server default is clamped to the room left instead."""
+        try:
+            self.engine.frontend.input_processor.validate(token_ids)
+        except ValueError as exc:
+            raise bad_request(str(exc), param) from exc
         if max_tokens is not None and len(token_ids) + max_tokens[1] > self.max_model_len:
             field, value = max_tokens
             raise bad_request(

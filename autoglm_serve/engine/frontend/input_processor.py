@@ -37,14 +37,16 @@ class InputProcessor:
         return list(prompt)
 
     def validate(self, token_ids: list[int]) -> None:
+        """The one check of a prompt, for the offline LLM and the server alike."""
         if not token_ids:
             raise ValueError("prompt is empty: give at least one token")
         if any((not isinstance(t, int)) or t < 0 or t >= self.vocab_size for t in token_ids):
-            raise ValueError(f"prompt contains token ids outside the vocabulary [0, {self.vocab_size})")
+            raise ValueError(f"prompt contains token ids outside the vocabulary "
+                             f"[0, {self.vocab_size})")
         if len(token_ids) >= self.max_model_len:
-            raise ValueError(f"prompt has {len(token_ids)} tokens, but max_model_len is "
-                             f"{self.max_model_len} (the prompt plus at least one generated token "
-                             "must fit)")
+            raise ValueError(f"This model's maximum context length is {self.max_model_len} "
+                             f"tokens, but the prompt has {len(token_ids)} tokens (the prompt "
+                             "plus at least one generated token must fit). Shorten the prompt.")
 
     def make_requests(self, request_id: str, prompt: PreparedPrompt,
                       params: SamplingParams) -> list[Request]:
