@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from autoglm_serve.config import EngineConfig
+from autoglm_serve.engine.core.image_embedding import encoder_cache_bytes
 from autoglm_serve.engine.core.model_setup import LoadedModel
 from autoglm_serve.engine.core.runner import ModelRunner
 from autoglm_serve.engine.core.worst_step import profile_worst_step
@@ -74,7 +75,7 @@ def _profile_cuda(config: EngineConfig, runner: ModelRunner, device: torch.devic
     free, total = torch.cuda.mem_get_info(device)
     limit = total * min(config.gpu_memory_utilization, _memory_fraction(device))
     used = total - free
-    encoder = runner.encoder_cache_bytes()
+    encoder = encoder_cache_bytes(runner.model, runner.encoder_cache, device)
     budget = max(0, int(limit - used - activation - encoder))
     breakdown = (f"of {limit / 2**30:.2f} GiB: {used / 2**30:.2f} GiB weights and runtime, "
                  f"{activation / 2**30:.2f} GiB the worst step's activations, "

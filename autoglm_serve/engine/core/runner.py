@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from autoglm_serve.engine.core.fault_injection import FaultInjector
+from autoglm_serve.engine.core.image_embedding import embed_images
 from autoglm_serve.engine.core.kv_cache import BlockTable
 from autoglm_serve.engine.core.request import Request
 from autoglm_serve.engine.core.sampler import Sampler, SamplerOutput, SamplingRow
@@ -131,15 +132,6 @@ class ModelRunner:
             self.encoder_cache.evict_all()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-
-    def encoder_cache_bytes(self) -> int:
-        """What the encoder cache holds when full (image embeddings at the LLM's width)."""
-        if self.encoder_cache is None:
-            return 0
-        with torch.inference_mode():
-            row = self.model.get_input_embeddings(torch.zeros(1, dtype=torch.int64,
-                                                              device=self.device))
-        return self.encoder_cache.max_tokens * row.shape[-1] * row.element_size()
 
     # ---- inputs ---------------------------------------------------------------------------
     @staticmethod
@@ -276,7 +268,8 @@ class ModelRunner:
             return self.graphs.replay(n)
         ids, pos, meta, logits_index = self.device_inputs(hb)
         self._feed(ids, hb)
-        inputs_embeds = self.multimodal_embeddings(hb.batch, ids) if hb.has_images else None
+        inputs_embeds = embed_images(self.model, self.encoder_cache, hb.batch, ids) \
+            if hb.has_images and self.encoder_cache is not None else None
         hidden = self.model(ids, pos, meta, inputs_embeds=inputs_embeds)
         if not hb.sampling:
             return None
@@ -337,48 +330,3 @@ class ModelRunner:
     def _pinned_tokens(self, n: int) -> torch.Tensor:
         """A fresh pinned buffer per step: the previous step's may still be read."""
         return torch.empty(n, dtype=torch.int64, pin_memory=True)
-
-    def multimodal_embeddings(self, batch: list[ScheduledRequest],
-                              ids: torch.Tensor) -> torch.Tensor | None:
-        """Input embeddings with image features in place of placeholders (None: text only).
-
-        Each chunk takes the slice of every image it overlaps; the whole image is encoded once
-        (or found in the encoder cache) even when its placeholders span several chunks."""
-        if self.encoder_cache is None:
-            return None
-        pieces = []   # (flat token offset in this step, image item, first image row, rows)
-        flat = 0
-        for s in batch:
-            req = s.request
-            start, end = req.num_computed_tokens, req.num_computed_tokens + s.num_new_tokens
-            for item in req.mm_items:
-                lo, hi = max(start, item.offset), min(end, item.offset + item.length)
-                if lo < hi:
-                    pieces.append((flat + lo - start, item, lo - item.offset, hi - lo))
-            flat += s.num_new_tokens
-        if not pieces:
-            return None
-        features = self._encode([item for _, item, _, _ in pieces])
-        embeds = self.model.get_input_embeddings(ids)
-        for (at, item, first, rows) in pieces:
-            embeds[at:at + rows] = features[item.content_hash][first:first + rows].to(embeds.dtype)
-        return embeds
-
-    def _encode(self, items) -> dict[str, torch.Tensor]:
-        """Image features by content hash: cached ones looked up, the rest encoded together."""
-        found, todo = {}, {}
-        for item in items:
-            if item.content_hash in found or item.content_hash in todo:
-                continue
-            emb = self.encoder_cache.get(item.content_hash)
-            if emb is None:
-                todo[item.content_hash] = item
-            else:
-                found[item.content_hash] = emb
-        for h, item in todo.items():
-            # one image at a time: a step's vision-tower peak is then its largest image's,
-            # which the start-up profile measures, however many images the step touches
-            emb = self.model.embed_images(item.patches(self.device), [item.grid_thw])
-            self.encoder_cache.put(h, emb)
-            found[h] = emb
-        return found
