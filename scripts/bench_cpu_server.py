@@ -63,12 +63,7 @@ class Result:
 def start(cmd: list[str], port: int, log: Path) -> ServerProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
-    server = ServerProcess(cmd, port, log, env=env, cwd=ROOT).spawn()
-    why = server.wait_healthy(900)
-    if why is not None:
-        server.stop()
-        raise RuntimeError(f"server {why}: {server.log(3000)}")
-    return server
+    return ServerProcess(cmd, port, log, env=env, cwd=ROOT).start(900)
 
 
 async def _one(c: httpx.AsyncClient, model: str, prompt: str, max_tokens: int,

@@ -126,12 +126,10 @@ def start_server(extra: list[str]) -> ServerProcess:
            "--host", "127.0.0.1", "--port", str(port)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
-    server = ServerProcess(cmd, port, log, env=env, cwd=ROOT).spawn()
-    why = server.wait_healthy(600)
-    if why is not None:
-        server.stop()
-        raise SystemExit(f"server {why}:\n{server.log(4000)}")
-    return server
+    try:
+        return ServerProcess(cmd, port, log, env=env, cwd=ROOT).start(600)
+    except RuntimeError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 # ---- the traffic ----------------------------------------------------------------------------

@@ -46,11 +46,7 @@ class ServerProcess(BaseServerProcess):
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def start(self, timeout: float = START_TIMEOUT_S) -> ServerProcess:
-        why = self.spawn().wait_healthy(timeout)
-        if why is not None:
-            self.stop()
-            raise RuntimeError(f"server {why}\n{self.log()}")
-        return self
+        return super().start(timeout)
 
     def healthy(self) -> bool:
         try:

@@ -52,12 +52,7 @@ ENGINES = {"transformers": _transformers_cmd, "autoglm": _ours_cmd}
 
 def start_server(cmd: list[str], port: int, log: Path, timeout: float = 180) -> ServerProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
-    server = ServerProcess(cmd, port, log, env=env, cwd=ROOT).spawn()
-    why = server.wait_healthy(timeout)
-    if why is not None:
-        server.stop(signal.SIGKILL)
-        raise RuntimeError(f"server {why}: {server.log(2000)}")
-    return server
+    return ServerProcess(cmd, port, log, env=env, cwd=ROOT).start(timeout)
 
 
 @pytest.fixture(scope="module")

@@ -54,6 +54,14 @@ class ServerProcess:
                                          preexec_fn=_die_with_parent)
         return self
 
+    def start(self, timeout_s: float) -> ServerProcess:
+        """Spawned and healthy, or stopped and a RuntimeError saying why (the log's tail)."""
+        why = self.spawn().wait_healthy(timeout_s)
+        if why is not None:
+            self.stop(timeout=10)
+            raise RuntimeError(f"server {why}\n{self.log(4000)}")
+        return self
+
     def wait_healthy(self, timeout_s: float, path: str = "/health") -> str | None:
         """None once GET path answers 200, else why not (exited, or not in time)."""
         deadline = time.monotonic() + timeout_s

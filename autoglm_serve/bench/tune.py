@@ -121,7 +121,7 @@ def run_trial(cfg: TuneConfig, cand: Candidate, log_dir: Path) -> TuneTrial:
         "--port", str(port)] + cand.serve_args() + cfg.extra_serve_args
     log_path = log_dir / f"server-{cand.max_num_seqs}-{cand.max_num_batched_tokens}-" \
                          f"{cand.gpu_memory_utilization:g}-{int(cand.chunked_prefill)}.log"
-    server = ServerProcess(cmd, port, log_path).spawn()
+    server = ServerProcess(cmd, port, log_path).spawn()   # a start that fails is a result
     try:
         why = server.wait_healthy(cfg.startup_timeout_s)
         if why is not None:
