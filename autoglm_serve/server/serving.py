@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
-from autoglm_serve.engine.frontend.input_processor import PreparedPrompt
 from autoglm_serve.engine.async_llm import (AsyncLLM, EngineDeadError, QueueFullError,
                                             RequestFailedError)
+from autoglm_serve.engine.frontend.input_processor import PreparedPrompt
 from autoglm_serve.outputs import RequestOutput
 from autoglm_serve.sampling_params import SamplingParams
 from autoglm_serve.server.args import ServerSettings
@@ -103,6 +104,8 @@ class Serving:
             raise OpenAIError(503, f"the server is at capacity ({self.num_sequences} sequences, "
                               f"{self.num_queued_tokens} prompt tokens in flight); retry later",
                               code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
+        self.num_sequences += num_sequences
+        self.num_queued_tokens += num_tokens
         return Admission(self, num_sequences, num_tokens)
 
     async def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
@@ -160,23 +163,19 @@ def stream_error(exc: EngineDeadError | RequestFailedError | OpenAIError) -> Ope
     return OpenAIError(503, str(exc))
 
 
+@dataclass
 class Admission:
-    """A request's reserved queue room; each of its streams takes a share and gives it back
-    on close, and what no stream took is given back by ``release`` (a refusal midway)."""
-
-    def __init__(self, serving: Serving, num_sequences: int, num_tokens: int):
-        self.serving = serving
-        self.num_sequences, self.num_tokens = num_sequences, num_tokens
-        serving.num_sequences += num_sequences
-        serving.num_queued_tokens += num_tokens
+    """A request's reserved queue room (Serving.admit counts it in); each of its streams takes
+    a share and gives it back on close, and what no stream took is given back by ``release``
+    (a refusal midway)."""
+    serving: Serving
+    num_sequences: int
+    num_tokens: int
 
     def share(self, num_sequences: int, num_tokens: int) -> Admission:
         self.num_sequences -= num_sequences
         self.num_tokens -= num_tokens
-        part = Admission.__new__(Admission)
-        part.serving, part.num_sequences, part.num_tokens = (self.serving, num_sequences,
-                                                             num_tokens)
-        return part
+        return Admission(self.serving, num_sequences, num_tokens)
 
     def release(self) -> None:
         self.serving.num_sequences -= self.num_sequences
