@@ -26,7 +26,7 @@ PARAMS = [
     SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[7, 11, 42, 64]),
     SamplingParams(temperature=0.9, seed=3, max_tokens=12, n=2),
     SamplingParams(temperature=0.7, seed=5, max_tokens=12, frequency_penalty=0.5,
-                   repetition_penalty=1.2),              # penalties: completed synchronously
+                   repetition_penalty=1.2),              # penalties: counted on the device
     SamplingParams(temperature=0, max_tokens=8, logprobs=3, min_tokens=4),
 ]
 

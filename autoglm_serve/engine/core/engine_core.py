@@ -182,10 +182,9 @@ class EngineCore:
         """Launches the next batch, then completes the one launched before it.
 
         With async scheduling the host schedules and prepares step N+1 while the device still
-        runs step N; a token sampled by N reaches N+1's inputs on the device. The price: a
-        request that stops (EOS, stop token, abort) computes one token too many, discarded.
-        Steps whose rows read their own previous tokens (penalties, min_tokens, logprobs) are
-        completed at once, as with async scheduling off."""
+        runs step N; a token sampled by N reaches N+1's inputs on the device, and the counts
+        that penalties read (engine/core/token_counts.py). The price: a request that stops
+        (EOS, stop token, abort) computes one token too many, discarded."""
         sched = self.scheduler.schedule()
         launched = None
         if not sched.is_empty:
@@ -201,7 +200,7 @@ class EngineCore:
                 self.isolation.steps_succeeded()
         outputs = self._complete(self._inflight) if self._inflight is not None else []
         self._inflight = launched
-        if launched is not None and (launched.needs_sync or not self.config.async_scheduling):
+        if launched is not None and not self.config.async_scheduling:
             outputs += self._complete(launched)
             self._inflight = None
         return outputs

@@ -56,21 +56,23 @@ class Request:
     first_scheduled_time: float | None = None
     # Derived from the sampling params once, as the engine reads them for every row of every
     # step: the tokens that stop it once it has min_tokens (EOS unless ignore_eos, and the stop
-    # token ids); greedy without penalties or logprobs; penalties or logprobs (its sampling
-    # reads its earlier tokens, or the host needs its tokens at once).
+    # token ids); whether it uses penalties (its sampling reads its earlier tokens: a row of
+    # engine/core/token_counts.py), the repetition penalty among them; greedy without
+    # penalties or logprobs.
     stop_ids: frozenset[int] = field(init=False, repr=False)
+    penalized: bool = field(init=False, repr=False)
+    repetition_penalized: bool = field(init=False, repr=False)
     argmax_only: bool = field(init=False, repr=False)
-    reads_outputs: bool = field(init=False, repr=False)
 
     def __post_init__(self):
         self.all_token_ids = list(self.prompt_token_ids)
         p = self.sampling_params
         self.stop_ids = frozenset(p.stop_token_ids).union(
             () if p.ignore_eos else self.eos_token_ids)
-        penalized = (p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0
-                     or p.presence_penalty != 0.0)
-        self.reads_outputs = penalized or p.logprobs is not None
-        self.argmax_only = p.greedy and not self.reads_outputs
+        self.repetition_penalized = p.repetition_penalty != 1.0
+        self.penalized = (self.repetition_penalized or p.frequency_penalty != 0.0
+                          or p.presence_penalty != 0.0)
+        self.argmax_only = p.greedy and not self.penalized and p.logprobs is None
 
     @property
     def num_prompt_tokens(self) -> int:

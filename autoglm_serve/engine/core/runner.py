@@ -19,6 +19,7 @@ from autoglm_serve.engine.core.kv_cache import BlockTable
 from autoglm_serve.engine.core.request import Request
 from autoglm_serve.engine.core.sampler import Sampler, SamplerOutput, SamplingRow
 from autoglm_serve.engine.core.scheduler import ScheduledRequest
+from autoglm_serve.engine.core.token_counts import DeviceTokenCounts
 from autoglm_serve.host_transfer import to_device
 from autoglm_serve.models.layers.attention import Attention, AttentionBackend, AttentionMetadata
 from autoglm_serve.multimodal.encoder_cache import EncoderCache
@@ -39,8 +40,7 @@ class InFlightStep:
     requests: list[Request]
     tokens_host: torch.Tensor | None
     done: torch.cuda.Event | None
-    sampler_output: SamplerOutput | None
-    needs_sync: bool                 # some row needs the next step to see this one's tokens
+    sampler_output: SamplerOutput | None   # its logprobs already on their way to the host
 
     def result(self) -> StepResult:
         if self.done is not None:
@@ -49,15 +49,21 @@ class InFlightStep:
         return StepResult(self.requests, sampled, self.sampler_output)
 
 
-def _needs_fresh_outputs(req: Request) -> bool:
-    """Rows whose sampling reads their previous tokens (penalties, min_tokens) or whose
-    logprobs are copied synchronously: the step after them waits for their tokens."""
-    return (req.reads_outputs or len(req.output_token_ids) + req.num_inflight
-            < req.sampling_params.min_tokens)
-
-
 def _plain_greedy(req: Request) -> bool:
-    return req.argmax_only and len(req.output_token_ids) >= req.sampling_params.min_tokens
+    return (req.argmax_only
+            and len(req.output_token_ids) + req.num_inflight >= req.sampling_params.min_tokens)
+
+
+def _to_pinned_host(out: SamplerOutput) -> SamplerOutput:
+    """The logprob tensors copied to pinned host memory without waiting (read once the step's
+    event has fired): a blocking copy would wait for the step queued after this one."""
+    lp = out.logprobs
+    if lp is None:
+        return out
+    host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in lp]
+    for h, t in zip(host, lp):
+        h.copy_(t, non_blocking=True)
+    return SamplerOutput(out.sampled_token_ids, type(lp)(*host))
 
 
 class ModelRunner:
@@ -76,6 +82,7 @@ class ModelRunner:
         self.max_blocks_per_seq = (max_model_len + block_size - 1) // block_size
         self.uses_mrope = bool(getattr(model, "uses_mrope", False))
         self.sampler = Sampler()
+        self.token_counts = DeviceTokenCounts(vocab_size, device)
         self.kv_caches: list[torch.Tensor] = []
         self.attention_layers = [m for m in model.modules() if isinstance(m, Attention)]
         for layer in self.attention_layers:
@@ -201,7 +208,7 @@ class ModelRunner:
         hb = self.prepare_host(scheduled)
         logits = self._logits(hb)
         if logits is None:
-            return InFlightStep([], None, None, None, False)
+            return InFlightStep([], None, None, None)
         sampling = hb.sampling
         if self.logits_hook is not None:
             self.logits_hook(sampling, logits)
@@ -211,21 +218,30 @@ class ModelRunner:
             tokens = logits.argmax(dim=-1)
         else:
             rows = [SamplingRow(r.sampling_params, r.prompt_token_ids, r.output_token_ids,
-                                r.generator, r.eos_token_ids) for r in sampling]
-            out = self.sampler.sample(logits, rows)
+                                r.generator, r.eos_token_ids, r.num_inflight) for r in sampling]
+            penalized = [r.penalized for r in sampling]
+            slots = history = None
+            if any(penalized):
+                slots, counts, mask = self.token_counts.gather(
+                    sampling, penalized, any(r.repetition_penalized for r in sampling))
+                history = (counts, mask)
+            out = self.sampler.sample(logits, rows, history)
             tokens = out.sampled_token_ids
+            if slots is not None:
+                self.token_counts.record(slots, tokens)
         self._prev_tokens = tokens
         self._prev_rows = {r.request_id: i for i, r in enumerate(sampling)}
         done = None
         if self.device.type == "cuda":
             host = self._pinned_tokens(tokens.shape[0])
             host.copy_(tokens, non_blocking=True)
+            if out is not None:
+                out = _to_pinned_host(out)
             done = torch.cuda.Event()
             done.record()
         else:
             host = tokens
-        return InFlightStep(sampling, host, done, out,
-                            any(_needs_fresh_outputs(r) for r in sampling))
+        return InFlightStep(sampling, host, done, out)
 
     def _pinned_tokens(self, n: int) -> torch.Tensor:
         """A fresh pinned buffer per step: the previous step's may still be read."""

@@ -13,13 +13,13 @@ does not change with their sampling knobs, and masked tokens keep a finite logpr
 """
 from __future__ import annotations
 
-from array import array
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 
 import torch
 
+from autoglm_serve.engine.core.token_counts import token_counts
 from autoglm_serve.host_transfer import to_device
 from autoglm_serve.sampling_params import SamplingParams
 
@@ -45,6 +45,7 @@ class SamplingRow:
     output_token_ids: Sequence[int]
     generator: torch.Generator | None = None   # set for seeded requests
     eos_token_ids: Collection[int] = ()
+    num_inflight: int = 0     # its tokens sampled on the device, not yet in output_token_ids
 
 
 @dataclass
@@ -81,8 +82,11 @@ class SamplingBatch:
         return self.any_repetition_penalty or self.any_frequency_presence
 
     @classmethod
-    def build(cls, rows: Sequence[SamplingRow], vocab_size: int,
-              device: torch.device | str) -> SamplingBatch:
+    def build(cls, rows: Sequence[SamplingRow], vocab_size: int, device: torch.device | str,
+              history: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> SamplingBatch:
+        """history: the rows' (output counts [B, V], prompt mask [B, V] or None) as the device
+        keeps them (engine/core/token_counts.py); without it they are built from the rows'
+        host lists, which must then hold every earlier token."""
         device = torch.device(device)
         V = vocab_size
         params = [r.params for r in rows]
@@ -107,17 +111,21 @@ class SamplingBatch:
 
         any_rep, any_fp = any(rep_rows), any(fp_rows)
         prompt_mask = output_counts = None
-        if any_rep:
-            prompt_mask = _token_counts(
-                [r.prompt_token_ids if u else () for r, u in zip(rows, rep_rows)], V, device) > 0
-        if any_rep or any_fp:
-            output_counts = _token_counts(
-                [r.output_token_ids if u or v else () for r, u, v in zip(rows, rep_rows, fp_rows)],
-                V, device)
+        if history is not None and (any_rep or any_fp):
+            output_counts, prompt_mask = history
+        else:
+            if any_rep:
+                prompt_mask = token_counts(
+                    [r.prompt_token_ids if u else () for r, u in zip(rows, rep_rows)], V,
+                    device) > 0
+            if any_rep or any_fp:
+                output_counts = token_counts(
+                    [r.output_token_ids if u or v else ()
+                     for r, u, v in zip(rows, rep_rows, fp_rows)], V, device)
 
         banned: list[int] = []
         for i, r in enumerate(rows):
-            if len(r.output_token_ids) < r.params.min_tokens:
+            if len(r.output_token_ids) + r.num_inflight < r.params.min_tokens:
                 ids = {t for t in chain(r.eos_token_ids, r.params.stop_token_ids) if 0 <= t < V}
                 banned += [i * V + t for t in sorted(ids)]
 
@@ -149,22 +157,6 @@ class SamplingBatch:
             generators=generators, num_logprobs=num_logprobs,
             max_num_logprobs=max(asked) if asked else None,
         )
-
-
-def _token_counts(token_lists: Sequence[Sequence[int]], V: int,
-                  device: torch.device) -> torch.Tensor:
-    """[B, V] float32 occurrence counts, from one flat copy and one scatter-add."""
-    lengths = torch.tensor([len(t) for t in token_lists], dtype=torch.int64)
-    # array('q', list) per row + one join is ~4x faster than torch.tensor on a flat Python list
-    # (4k-token prompts x 256 rows is 1M ids per step).
-    raw = bytearray(b"".join(array("q", t).tobytes() for t in token_lists))
-    flat = torch.frombuffer(raw, dtype=torch.int64) if raw else torch.empty(0, dtype=torch.int64)
-    row = torch.repeat_interleave(torch.arange(len(token_lists)), lengths)
-    keep = (flat >= 0) & (flat < V)  # host-side filter: ids outside the vocab cannot be penalized
-    index = to_device(row[keep] * V + flat[keep], torch.int64, device)
-    counts = torch.zeros(len(token_lists) * V, dtype=torch.float32, device=device)
-    counts.scatter_add_(0, index, torch.ones(index.shape, dtype=torch.float32, device=device))
-    return counts.view(len(token_lists), V)
 
 
 @dataclass
@@ -297,14 +289,22 @@ def _concat(parts: list[SamplerOutput]) -> SamplerOutput:
 
 
 class Sampler:
-    def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
-        """The rows' next tokens, in groups that bound the sampler's memory."""
+    def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow],
+               history: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> SamplerOutput:
+        """The rows' next tokens, in groups that bound the sampler's memory (history: see
+        SamplingBatch.build)."""
         V = logits.shape[-1]
         group = max(1, _GROUP_ELEMENTS // V)
         if len(rows) <= group:
-            return self(logits, SamplingBatch.build(rows, V, logits.device))
+            return self(logits, SamplingBatch.build(rows, V, logits.device, history))
+
+        def part(i):
+            if history is None:
+                return None
+            counts, mask = history
+            return counts[i:i + group], (mask[i:i + group] if mask is not None else None)
         return _concat([self(logits[i:i + group],
-                             SamplingBatch.build(rows[i:i + group], V, logits.device))
+                             SamplingBatch.build(rows[i:i + group], V, logits.device, part(i)))
                         for i in range(0, len(rows), group)])
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:

@@ -25,6 +25,10 @@ def profile_worst_step(runner: ModelRunner, largest_image: MultiModalItem | None
                  largest_image.patches(runner.device), [largest_image.grid_thw]))
              if largest_image is not None else None,
              "forward": lambda: _forward(runner), "sampler": lambda: _sampler(runner)}
+    if runner.device.type == "cuda":
+        # the penalties' count table, persistent: held before the KV cache is sized from
+        # what is left
+        runner.token_counts.reserve(runner.max_num_seqs)
     peaks = {}
     for name, run in parts.items():
         if run is None:
