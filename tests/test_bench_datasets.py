@@ -126,3 +126,30 @@ def test_phone_agent_history_grows_and_keeps_only_the_latest_image():
             assert [p["type"] for p in m["content"]] == ["text"]
     # The messages sent are snapshots: later steps do not rewrite what step 0 sent.
     assert image_count(sent[0]) == 1
+
+
+def test_load_tokenizer_never_reaches_for_a_hub(tmp_path, monkeypatch):
+    """A model name not on this machine gives no tokenizer without a single connection
+    attempt (the bench used to spend ~30 s in hub retries); a local path loads."""
+    import socket
+
+    from autoglm_serve.bench.datasets import load_tokenizer
+    from tests.tiny_llama import build_tiny_llama
+
+    attempts = []
+    real_connect, real_getaddrinfo = socket.socket.connect, socket.getaddrinfo
+
+    def connect(self, address):
+        attempts.append(address)
+        return real_connect(self, address)
+
+    def getaddrinfo(host, *args, **kwargs):
+        attempts.append(host)
+        return real_getaddrinfo(host, *args, **kwargs)
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert load_tokenizer("zai-org/AutoGLM-Phone-9B-not-cached") is None
+    assert attempts == []
+    path = build_tiny_llama(tmp_path / "tiny-llama")
+    assert load_tokenizer(str(path)).encode("hello world")

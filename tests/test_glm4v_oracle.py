@@ -149,13 +149,13 @@ def test_warm_up_encodes_a_screenshot_and_leaves_no_trace(checkpoint, llm, hf):
                mm_processor_kwargs={"max_pixels": 200_000})
     core = warm.engine.core
     grids = []
-    embed_images = core.runner.model.embed_images
+    begin_images = core.runner.model.begin_images
 
     def recording(pixel_values, grid_thw):
         grids.extend(tuple(g) for g in grid_thw)
-        return embed_images(pixel_values, grid_thw)
+        return begin_images(pixel_values, grid_thw)
 
-    core.runner.model.embed_images = recording
+    core.runner.model.begin_images = recording
     parts = CASES["one_image"]
     prompt = {"prompt_token_ids": build_prompt(tokenizer, parts),
               "multi_modal_data": {"image": [parts[0]]}}

@@ -42,8 +42,8 @@ def prefilled_tokens(llm):
     counts: list[int] = []
     original = sched.schedule
 
-    def schedule():
-        out = original()
+    def schedule(*args):
+        out = original(*args)
         counts.append(sum(s.num_new_tokens for s in out.scheduled))
         return out
     sched.schedule = schedule

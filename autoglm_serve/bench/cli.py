@@ -85,8 +85,9 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--tokenizer", default=None,
-                   help="tokenizer for lengths and for counting output when the server sends no "
-                        "usage (default: --model, when it can be loaded)")
+                   help="tokenizer (a local path, or a name in the local hub cache; never "
+                        "downloaded) for prompt lengths; without it lengths are counted in "
+                        "words and output tokens from the server's usage")
     g.add_argument("--goodput", nargs="+", default=[], metavar="NAME:MS",
                    help="SLOs for goodput, e.g. ttft:500 tpot:50 e2el:10000 (milliseconds)")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,9 @@ class BenchRequest:
 
 
 def load_tokenizer(name_or_path: str | None) -> TokenizerLike | None:
-    """The model's tokenizer when it can be loaded (a local path, or the hub when reachable).
+    """The tokenizer asked for with --tokenizer: a local path, or a name already in the local
+    hub cache. Never the network: a benchmark machine often has no hub, and transformers'
+    retries there cost ~30 s before failing.
 
     Without one, lengths are counted in words and output tokens come from the server's usage.
     """
@@ -42,7 +45,15 @@ def load_tokenizer(name_or_path: str | None) -> TokenizerLike | None:
     try:
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=True)
+        path = name_or_path
+        if not os.path.isdir(path):
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(name_or_path, "tokenizer_config.json")
+            if not isinstance(cached, str):
+                raise FileNotFoundError("not a local directory, nor in the local hub cache")
+            path = os.path.dirname(cached)
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=True)
     except Exception as exc:  # noqa: BLE001 - any failure means "no tokenizer", not an error
         log.warning("no tokenizer for %s (%s); counting words instead of tokens", name_or_path, exc)
         return None

@@ -128,7 +128,7 @@ async def run_serve_bench(cfg: ServeBenchConfig) -> dict[str, Any]:
     is_agent = cfg.dataset == "phone-agent"
     if is_agent and not cfg.client.is_chat:
         raise BenchError("the phone-agent dataset needs a chat endpoint")
-    tokenizer = load_tokenizer(cfg.tokenizer or cfg.client.model)
+    tokenizer = load_tokenizer(cfg.tokenizer)   # the model's name is not looked up on a hub
     requests: list[BenchRequest] = []
     shots: dict[tuple[int, int], str] = {}
     if not is_agent:

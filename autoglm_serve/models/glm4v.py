@@ -78,6 +78,19 @@ class Glm4vForConditionalGeneration(nn.Module):
         """[num_patches, C*T*P*P] → [num_image_tokens, hidden] for the images in order."""
         return self.visual(pixel_values.to(self.visual_dtype), grid_thw)
 
+    def flops_per_text_token(self) -> float:
+        """The language model's FLOPs (2 a multiply-add) for one token through its layers,
+        from the config (a quantized layer does the same arithmetic)."""
+        c = self.config.text_config
+        hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        h = c.hidden_size
+        attn = h * hd * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)   # q, o, k, v
+        return 2.0 * c.num_hidden_layers * (attn + 3 * h * c.intermediate_size)
+
+    def begin_images(self, pixel_values: torch.Tensor, grid_thw: list):
+        """embed_images in steps: a VisionEncoding to advance block by block."""
+        return self.visual.begin(pixel_values.to(self.visual_dtype), grid_thw)
+
     @property
     def visual_dtype(self) -> torch.dtype:
         return next(self.visual.parameters()).dtype

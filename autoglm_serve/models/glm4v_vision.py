@@ -127,6 +127,38 @@ class PatchMerger(nn.Module):
         return self.mlp(F.gelu(self.norm(self.proj(x))))
 
 
+class VisionEncoding:
+    """The tower's state between blocks for one call's images: hidden states, residual, the
+    rotary angles, and the next block to run."""
+
+    def __init__(self, tower: Glm4vVisionTower, x: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor, cu_seqlens: list[int]):
+        self.tower = tower
+        self.x, self.residual = x, None
+        self.cos, self.sin, self.cu_seqlens = cos, sin, cu_seqlens
+        self.next_block = 0
+
+    @property
+    def blocks_left(self) -> int:
+        return len(self.tower.blocks) - self.next_block
+
+    @property
+    def frame_lens(self) -> list[int]:
+        return [b - a for a, b in zip(self.cu_seqlens[:-1], self.cu_seqlens[1:])]
+
+    def advance(self, num_blocks: int) -> None:
+        for block in self.tower.blocks[self.next_block:self.next_block + num_blocks]:
+            self.x, self.residual = block(self.x, self.residual, self.cos, self.sin,
+                                          self.cu_seqlens)
+            self.next_block += 1
+
+    def result(self) -> torch.Tensor:
+        """The image embeddings, once every block has run."""
+        if self.blocks_left:
+            raise RuntimeError(f"{self.blocks_left} vision blocks have not run yet")
+        return self.tower._finish(self.x, self.residual)
+
+
 class Glm4vVisionTower(nn.Module):
     def __init__(self, vision_config):
         super().__init__()
@@ -179,6 +211,14 @@ class Glm4vVisionTower(nn.Module):
         return sampled.view(self.hidden, -1).t()
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor | list) -> torch.Tensor:
+        encoding = self.begin(pixel_values, grid_thw)
+        encoding.advance(len(self.blocks))
+        return encoding.result()
+
+    def begin(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor | list) -> VisionEncoding:
+        """An encoding of these images that runs its blocks when advanced (the engine spreads
+        a screenshot's blocks over several steps, so running decodes are never held for the
+        whole tower)."""
         grids = [tuple(int(v) for v in g) for g in (grid_thw.tolist() if torch.is_tensor(grid_thw) else grid_thw)]
         dtype = self.patch_embed.weight.dtype
         device = self.patch_embed.weight.device
@@ -196,12 +236,16 @@ class Glm4vVisionTower(nn.Module):
 
         freqs = rows_cols.float().unsqueeze(-1) * self.inv_freq                 # N, 2, D/4
         angles = torch.cat([freqs[:, 0], freqs[:, 1]], dim=-1)                  # N, D/2
-        cos, sin = angles.cos(), angles.sin()
+        return VisionEncoding(self, x, angles.cos(), angles.sin(), cu_seqlens)
 
-        residual = None
-        for block in self.blocks:
-            x, residual = block(x, residual, cos, sin, cu_seqlens)
+    def block_flops(self, frame_lens: list[int]) -> float:
+        """One block's FLOPs (2 a multiply-add) over frames of these patch counts: its linear
+        layers, plus full attention inside each frame."""
+        h = self.hidden
+        macs_per_patch = 4 * h * h + 3 * h * self.out_hidden      # qkv + proj, gated MLP
+        return 2.0 * macs_per_patch * sum(frame_lens) + 4.0 * h * sum(n * n for n in frame_lens)
 
+    def _finish(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         x = self.post_norm(x, residual)[0] if residual is not None else self.post_norm(x)
         x = self.downsample(x.reshape(-1, self.merge ** 2 * self.hidden))      # 4 adjacent rows = one window
         return self.merger(x)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from autoglm_serve.engine.core.fault_isolation import FaultIsolation, is_fatal
+from autoglm_serve.engine.core.fault_isolation import FaultIsolation, is_fatal, is_out_of_memory
 from autoglm_serve.engine.core.kv_cache import KVCacheManager
 from autoglm_serve.engine.core.memory_plan import size_kv_cache
 from autoglm_serve.engine.core.model_setup import LoadedModel, load_model
@@ -81,8 +81,10 @@ class EngineCore:
         self.kv = KVCacheManager(self.cache.num_blocks, config.block_size,
                                  config.enable_prefix_caching)
         self.runner.block_table = self.kv.block_table
+        images = self.runner.images
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
-                                   config.enable_chunked_prefill, self.max_model_len)
+                                   config.enable_chunked_prefill, self.max_model_len,
+                                   images.ready if images is not None else None)
         self._inflight: InFlightStep | None = None
         self.isolation = FaultIsolation(self.max_num_batched_tokens, self.runner.release_memory)
         self._failed: list[CoreOutput] = []     # requests failed outside a step's outputs
@@ -185,7 +187,8 @@ class EngineCore:
         runs step N; a token sampled by N reaches N+1's inputs on the device, and the counts
         that penalties read (engine/core/token_counts.py). The price: a request that stops
         (EOS, stop token, abort) computes one token too many, discarded."""
-        sched = self.scheduler.schedule()
+        encoded = self._encode_images()
+        sched = self.scheduler.schedule(self.max_num_batched_tokens - encoded)
         launched = None
         if not sched.is_empty:
             try:
@@ -204,6 +207,40 @@ class EngineCore:
             outputs += self._complete(launched)
             self._inflight = None
         return outputs
+
+    def _encode_images(self) -> int:
+        """Vision-tower blocks for the prompts' next images, within what the running decodes
+        leave of the step's budget (engine/core/image_encoder.py); returns the budget used.
+        The encoder runs one image at a time, so an image that fails to encode (out of memory
+        once more after the caches were released) fails its request alone."""
+        images = self.runner.images
+        if images is None:
+            return 0
+        budget = self.max_num_batched_tokens - self.scheduler.num_decoding
+        used = 0
+        for req, item in self.scheduler.images_to_encode():
+            if used >= budget:
+                break
+            try:
+                used += self._encode(item, budget - used)
+            except Exception as exc:
+                images.reset()
+                error = self.isolation.step_failed([req], exc, 0)   # raises when fatal
+                self._fail(req, error)
+                break
+            if not images.ready(item):
+                break
+        return min(used, budget)
+
+    def _encode(self, item, budget: int) -> int:
+        try:
+            return self.runner.images.encode(item, budget)
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            self.runner.images.reset()
+            self.runner.release_memory()
+            return self.runner.images.encode(item, budget)
 
     def _complete(self, step: InFlightStep) -> list[CoreOutput]:
         result = step.result()

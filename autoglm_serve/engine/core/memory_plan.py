@@ -65,9 +65,13 @@ def _profile_cuda(config: EngineConfig, runner: ModelRunner, device: torch.devic
                   loaded: LoadedModel, per_block: int) -> CacheSizing:
     torch.cuda.empty_cache()
     runner.allocate_kv_cache(1)
-    peaks = profile_worst_step(runner, largest_image(config, loaded)
-                               if runner.encoder_cache is not None else None)
-    activation = max(peaks.values())
+    image = largest_image(config, loaded) if runner.images is not None else None
+    peaks = profile_worst_step(runner, image)
+    if image is not None:
+        # an image's encoding in progress is held across steps, beside any step's peak
+        peaks["vision state"] = runner.images.state_bytes(image)
+    activation = max(v for k, v in peaks.items() if k != "vision state") + \
+        peaks.get("vision state", 0)
     logger.info("the worst step's activations: %s", ", ".join(
         f"{name} {peak / 2**30:.2f} GiB" for name, peak in peaks.items()))
     runner.allocate_kv_cache(0)

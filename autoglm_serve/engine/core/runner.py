@@ -14,6 +14,7 @@ from torch import nn
 
 from autoglm_serve.engine.core.fault_injection import FaultInjector
 from autoglm_serve.engine.core.image_embedding import embed_images
+from autoglm_serve.engine.core.image_encoder import ImageEncoder
 from autoglm_serve.engine.core.input_batch import HostBatch, build_host_batch
 from autoglm_serve.engine.core.kv_cache import BlockTable
 from autoglm_serve.engine.core.request import Request
@@ -91,6 +92,8 @@ class ModelRunner:
         # Observer of every step's logits (tests compare them with transformers).
         self.logits_hook: Callable[[list[Request], torch.Tensor], None] | None = None
         self.encoder_cache = EncoderCache() if hasattr(model, "embed_images") else None
+        self.images = (ImageEncoder(model, self.encoder_cache, device)
+                       if self.encoder_cache is not None else None)
         self.graphs = None      # DecodeGraphs once captured (CUDA, triton backend)
         self.block_table: BlockTable | None = None      # the KV manager's, set by the core
         self._prev_tokens: torch.Tensor | None = None   # the last launched step's samples
@@ -118,6 +121,7 @@ class ModelRunner:
         when needed) and the allocator's unused blocks go back to the device."""
         if self.encoder_cache is not None:
             self.encoder_cache.evict_all()
+            self.images.reset()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 

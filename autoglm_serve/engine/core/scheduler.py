@@ -6,15 +6,21 @@ hands out the step's token budget: running decodes first, then running prefills 
 waiting requests in arrival order. When the KV cache is full, the most recently arrived running
 request is preempted: its blocks are freed and it goes back to the front of the queue to be
 recomputed later (the prefix cache usually makes that cheap).
+
+Images: a chunk never reaches an image placeholder whose embeddings are not ready yet
+(``image_ready``); the core encodes them ahead, in the order ``images_to_encode`` gives
+(engine/core/image_encoder.py). A waiting prompt held by its image lets the ones behind it go.
 """
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from autoglm_serve.engine.core.kv_cache import KVCacheManager
 from autoglm_serve.engine.core.request import Request, RequestStatus
+from autoglm_serve.multimodal.inputs import MultiModalItem
 
 
 @dataclass(slots=True)
@@ -42,8 +48,10 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 enable_chunked_prefill: bool = True, max_model_len: int = 1 << 30):
+                 enable_chunked_prefill: bool = True, max_model_len: int = 1 << 30,
+                 image_ready: Callable[[MultiModalItem], bool] | None = None):
         self.kv = kv
+        self.image_ready = image_ready
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
@@ -74,9 +82,12 @@ class Scheduler:
         self.kv.free(request)
 
     # ---- scheduling -----------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, budget: int | None = None) -> SchedulerOutput:
+        """budget: the step's tokens (default max_num_batched_tokens; less what the vision
+        tower took this step); running decodes get theirs whatever is left."""
         out = SchedulerOutput()
-        budget = self.max_num_batched_tokens
+        full = self.max_num_batched_tokens
+        budget = full if budget is None else max(budget, 0)
         chosen: set[str] = set()
 
         # Running requests: decodes (one token owed) before prefill chunks. What each owes (an
@@ -97,6 +108,10 @@ class Scheduler:
                 continue        # its in-flight token is its last: nothing more to compute
             if n > budget:
                 n = budget
+            if n > 1 and self.image_ready is not None and req.mm_items:
+                n = self._up_to_unready_image(req, req.num_computed_tokens, n)
+                if n == 0:
+                    continue
             while not self.kv.allocate(req, n):
                 victim = self._pick_victim(chosen)
                 self._preempt(victim, out)
@@ -108,10 +123,11 @@ class Scheduler:
                 budget -= n
 
         # Waiting requests, in order, while there is room (none after a preemption: the cache
-        # is already short).
-        while self.waiting and not out.preempted and budget > 0 \
+        # is already short); one whose next chunk starts at an image not encoded yet is passed.
+        held = 0
+        while len(self.waiting) > held and not out.preempted and budget > 0 \
                 and len(self.running) < self.max_num_seqs:
-            req = self.waiting[0]
+            req = self.waiting[held]
             if req.num_inflight:
                 break           # preempted while a token was in flight: wait for it to land
             cached = self.kv.find_cached_prefix(req) if req.num_computed_tokens == 0 else []
@@ -121,9 +137,14 @@ class Scheduler:
                 if not self.enable_chunked_prefill:
                     break
                 n = budget
+            if self.image_ready is not None and req.mm_items:
+                n = self._up_to_unready_image(req, computed, n)
+                if n == 0:
+                    held += 1
+                    continue
             if not self.kv.allocate(req, n, cached):
                 break
-            self.waiting.popleft()
+            del self.waiting[held]
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = computed
                 self.kv.record_prefix_lookup(req.num_tokens, computed)
@@ -136,8 +157,49 @@ class Scheduler:
             out.scheduled.append(ScheduledRequest(req, n))
             budget -= n
 
-        out.num_batched_tokens = self.max_num_batched_tokens - budget
+        out.num_batched_tokens = full - budget
         return out
+
+    # ---- images ---------------------------------------------------------------------------
+    def _up_to_unready_image(self, req: Request, start: int, n: int) -> int:
+        """n, or fewer: the chunk from token ``start`` stops before the first image it would
+        reach whose embeddings are not ready (0: it starts inside or at one)."""
+        for item in req.mm_items:
+            if item.offset + item.length > start and item.offset < start + n \
+                    and not self.image_ready(item):
+                return max(0, item.offset - start)
+        return n
+
+    def images_to_encode(self) -> Iterator[tuple[Request, MultiModalItem]]:
+        """Each prompt's next image not encoded yet, in the order the prompts are served:
+        running prefills, then the waiting queue (past their prefix-cached tokens)."""
+        if self.image_ready is None:
+            return
+        for req in self.running:
+            if req.mm_items and req.num_computed_tokens < req.num_prompt_tokens:
+                item = self._next_unready_image(req, req.num_computed_tokens)
+                if item is not None:
+                    yield req, item
+        for req in list(self.waiting):
+            if req.mm_items and not req.status.finished:
+                start = req.num_computed_tokens
+                if start == 0:
+                    start = len(self.kv.find_cached_prefix(req)) * self.kv.block_size
+                item = self._next_unready_image(req, start)
+                if item is not None:
+                    yield req, item
+
+    def _next_unready_image(self, req: Request, start: int) -> MultiModalItem | None:
+        for item in req.mm_items:
+            if item.offset + item.length > start and not self.image_ready(item):
+                return item
+        return None
+
+    @property
+    def num_decoding(self) -> int:
+        """Running requests that owe one token: what the step's decodes take of its budget."""
+        return sum(1 for r in self.running
+                   if len(r.all_token_ids) + r.num_inflight - r.num_computed_tokens <= 1)
 
     def schedule_alone(self, req: Request, budget: int) -> SchedulerOutput:
         """A step of this running request alone, at most ``budget`` tokens of it (fault

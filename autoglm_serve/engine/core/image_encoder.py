@@ -1,0 +1,65 @@
+"""The vision tower run ahead of the prefill that needs it, a step's budget of blocks at a time.
+
+A phone screenshot is ~12k patches of full attention through 24 blocks: ~72 ms on an H200,
+during which every running decode would wait if the tower ran whole inside one step (the
+phone-agent workload's steps of 100-120 ms). The core gives the encoder what is left of a
+step's token budget after the running decodes (engine_core.py), priced in the language model's
+token-equivalents of compute, and the encoder runs that many blocks of the image that the
+first waiting prompt needs next, keeping the hidden states between steps. The scheduler does
+not let a prompt's chunk reach an image before it is encoded (scheduler.py). With nothing
+decoding, the budget is the whole step's: one agent's screenshot goes through in one or two
+steps, as fast as whole.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from autoglm_serve.multimodal.encoder_cache import EncoderCache
+from autoglm_serve.multimodal.inputs import MultiModalItem
+
+
+class ImageEncoder:
+    def __init__(self, model: nn.Module, cache: EncoderCache, device: torch.device):
+        self.model = model
+        self.cache = cache
+        self.device = device
+        self.token_flops = model.flops_per_text_token()
+        self._current = None    # (content hash, VisionEncoding, block cost in tokens)
+        self.blocks_run = 0
+
+    def ready(self, item: MultiModalItem) -> bool:
+        return item.content_hash in self.cache.entries
+
+    def reset(self) -> None:
+        """Drops the encoding in progress (after running out of memory: its states go)."""
+        self._current = None
+
+    @torch.inference_mode()
+    def encode(self, item: MultiModalItem, budget_tokens: int) -> int:
+        """Runs as many of this image's remaining blocks as the budget pays for (at least
+        one), begun now if it is not the one in progress; the embeddings go to the encoder
+        cache after the last. Returns the budget used, in token-equivalents."""
+        if self._current is None or self._current[0] != item.content_hash:
+            encoding = self.model.begin_images(item.patches(self.device), [item.grid_thw])
+            cost = self.model.visual.block_flops(encoding.frame_lens) / self.token_flops
+            self._current = (item.content_hash, encoding, cost)
+        content_hash, encoding, cost = self._current
+        n = max(1, min(encoding.blocks_left, int(budget_tokens // cost)))
+        encoding.advance(n)
+        self.blocks_run += n
+        if not encoding.blocks_left:
+            self.cache.put(content_hash, encoding.result(), encoded_ahead=True)
+            self._current = None
+        return math.ceil(n * cost)
+
+    def state_bytes(self, item: MultiModalItem) -> int:
+        """What an encoding in progress holds between steps for this image: hidden states and
+        residual (the tower's dtype), and the rotary tables (float32)."""
+        tower = self.model.visual
+        patches = item.grid_thw[0] * item.grid_thw[1] * item.grid_thw[2]
+        width = next(tower.parameters()).element_size()
+        head_half = tower.hidden // tower.num_heads // 2
+        return patches * (2 * tower.hidden * width + 2 * head_half * 4)

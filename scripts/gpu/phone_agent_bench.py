@@ -1,0 +1,192 @@
+"""The phone-agent workload on one GPU, in one call, next to its compute floor (GPU).
+
+    python scripts/gpu/phone_agent_bench.py [--agents 1,16,64] [--steps 5] [--rounds 1]
+        [--modes oa,plain] [--server-args "..."]
+
+Starts our server as the phone-agent issue does (AutoGLM-Phone-9B, random weights,
+--max-model-len 25480, max_pixels 5,000,000, ten images a prompt), then runs
+`autoglm-serve bench serve --dataset phone-agent` at each agent count: Open-AutoGLM's sampling
+(`oa`: frequency_penalty 0.2, top_p 0.85, temperature 0) and greedy without penalties (`plain`),
+alternating, --rounds times each. Each run's compute floor comes from the work the server
+reports for it (its /metrics before and after: prompt tokens computed past the prefix cache,
+images encoded, tokens generated), in FLOPs from the model's config, over the bf16 matmul
+peak measured in this call before the server starts. The engine's step log (--log-stats-interval
+1) gives the slowest step of every second while requests ran. Prints a markdown table; writes
+JSON to $OUT/phone_agent_bench.json. --smoke runs the same on a CPU with the embedded default's
+shapes replaced by a tiny GLM-4.1V (the check that this script works, not a figure).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+import httpx
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from autoglm_serve.bench.server_process import ServerProcess, free_port  # noqa: E402
+import model_flops  # noqa: E402
+
+EXTRA = {"oa": '{"frequency_penalty":0.2,"top_p":0.85}', "plain": "{}"}
+STEP_LOG = re.compile(r"engine: (\d+) steps \(mean ([\d.]+) ms, slowest ([\d.]+) ms\).*"
+                      r"running (\d+), waiting (\d+)")
+
+
+def matmul_peak_tflops() -> float:
+    import torch
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(20):
+        a @ b
+    torch.cuda.synchronize()
+    return 20 * 2 * 8192 ** 3 / (time.perf_counter() - start) / 1e12
+
+
+def scrape(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        name, value = line.rsplit(" ", 1)
+        name = name.split("{")[0]
+        values[name] = values.get(name, 0.0) + float(value)
+    return values
+
+
+def work_flops(cfg: dict, delta: dict[str, float], patches: int) -> float:
+    """The run's FLOPs: prefill past the cached prefix, the images encoded, generated tokens
+    (attention left out: a floor)."""
+    tc, vc = cfg["text_config"], cfg["vision_config"]
+    get = lambda name: delta.get(name, 0.0)   # noqa: E731
+    computed = get("vllm:prompt_tokens_total") - get("vllm:prefix_cache_hits_total")
+    images = get("autoglm:encoder_cache_queries_total") - get("autoglm:encoder_cache_hits_total")
+    per_token = model_flops.decoder_flops_per_token(tc)
+    return ((computed + get("vllm:generation_tokens_total")) * per_token
+            + images * model_flops.vision_flops(vc, patches))
+
+
+def screenshot_patches(max_pixels: int) -> int:
+    from autoglm_serve.multimodal.image_processor import smart_resize
+    h, w = smart_resize(2400, 1080, max_pixels=max_pixels)
+    return (h // 14) * (w // 14)
+
+
+def run_point(args, server: ServerProcess, agents: int, mode: str, label: str) -> dict:
+    before = scrape(server.base_url)
+    log_start = len(server.log(10 ** 9))
+    out_dir = os.path.join(args.out, label)
+    cmd = [sys.executable, "-m", "autoglm_serve.cli", "bench", "serve",
+           "--base-url", server.base_url, "--model", args.model, "--no-progress",
+           "--dataset", "phone-agent", "--agents", str(agents), "--steps", str(args.steps),
+           "--output-len", str(args.output_len), "--ignore-eos", "--extra-body", EXTRA[mode],
+           "--label", label, "--out", out_dir]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=args.point_timeout_s)
+    after = scrape(server.base_url)
+    with open(os.path.join(out_dir, "results.json")) as f:
+        point = json.load(f)["points"][0]
+    summary, agent = point["summary"], point["phone_agent"]
+    steps = [m.groups() for m in STEP_LOG.finditer(server.log(10 ** 9)[log_start:])]
+    busy = [float(s[2]) for s in steps if int(s[3]) > 0]
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    floor_s = work_flops(args.cfg, delta, args.patches) / (args.peak * 1e12) if args.peak else 0
+    return dict(agents=agents, mode=mode, ok=summary["completed"], failed=summary["failed"],
+                steps_per_s=agent["agent_steps_per_s"],
+                floor_steps_per_s=agent["steps_completed"] / floor_s if floor_s else None,
+                ttft_p99_ms=summary["ttft_ms"]["p99"], ttft_median_ms=summary["ttft_ms"]["median"],
+                tpot_p99_ms=summary["tpot_ms"]["p99"], tpot_mean_ms=summary["tpot_ms"]["mean"],
+                e2e_mean_ms=summary["e2el_ms"]["mean"],
+                slowest_step_ms=max(busy, default=None),
+                slowest_step_p50_ms=statistics.median(busy) if busy else None,
+                gpu_util=(point.get("gpu") or {}).get("util_mean"))
+
+
+def markdown(rows: list[dict], peak: float) -> str:
+    lines = [f"bf16 matmul peak this call: {peak:.0f} TFLOP/s", "",
+             "| agents | sampling | ok/failed | agent steps/s | floor steps/s | % of floor | "
+             "TTFT p50 / p99 ms | TPOT mean / p99 ms | step latency ms | slowest step of a "
+             "second, median / max ms | GPU util |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    fmt = lambda v, p=1: "—" if v is None else f"{v:.{p}f}"   # noqa: E731
+    for r in rows:
+        share = (100 * r["steps_per_s"] / r["floor_steps_per_s"]
+                 if r["floor_steps_per_s"] else None)
+        lines.append(
+            f"| {r['agents']} | {r['mode']} | {r['ok']}/{r['failed']} | {fmt(r['steps_per_s'], 2)} | "
+            f"{fmt(r['floor_steps_per_s'], 2)} | {fmt(share, 0)}% | {fmt(r['ttft_median_ms'], 0)} / "
+            f"{fmt(r['ttft_p99_ms'], 0)} | {fmt(r['tpot_mean_ms'])} / {fmt(r['tpot_p99_ms'])} | "
+            f"{fmt(r['e2e_mean_ms'], 0)} | {fmt(r['slowest_step_p50_ms'])} / "
+            f"{fmt(r['slowest_step_ms'])} | {fmt(r['gpu_util'], 0)} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--agents", default="1,16,64")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--modes", default="oa,plain")
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--model", default="autoglm-phone-9b")
+    ap.add_argument("--max-pixels", type=int, default=5_000_000)
+    ap.add_argument("--server-args", default="", help="more `serve` flags, one string")
+    ap.add_argument("--point-timeout-s", type=float, default=240)
+    ap.add_argument("--smoke", action="store_true",
+                    help="CPU: a tiny GLM-4.1V, 2 agents x 2 steps, no floor")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/phone_agent_bench"))
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    args.cfg = model_flops.load_model_config()
+    args.patches = screenshot_patches(args.max_pixels)
+    serve = [sys.executable, "-m", "autoglm_serve.cli", "serve"]
+    if args.smoke:
+        from tests.glm4v_fixtures import make_tiny_glm4v
+        path = make_tiny_glm4v(os.path.join(args.out, "tiny-glm4v"))
+        serve += [str(path), "--max-model-len", "4096", "--mm-processor-kwargs",
+                  '{"max_pixels": 200000}']
+        args.agents, args.steps, args.output_len, args.peak = "2", 2, 8, 0.0
+        args.model = os.path.basename(str(path))
+    else:
+        args.peak = matmul_peak_tflops()
+        serve += [args.model, "--load-format", "dummy", "--max-model-len", "25480",
+                  "--mm-processor-kwargs", json.dumps({"max_pixels": args.max_pixels}),
+                  "--limit-mm-per-prompt", '{"image":10}']
+    port = free_port()
+    serve += ["--served-model-name", args.model, "--host", "127.0.0.1", "--port", str(port),
+              "--log-stats-interval", "1"] + args.server_args.split()
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
+    server = ServerProcess(serve, port, os.path.join(args.out, "server.log"), env=env,
+                           cwd=ROOT).start(timeout_s=600)
+    rows = []
+    try:
+        for agents in [int(a) for a in str(args.agents).split(",")]:
+            for r in range(args.rounds):
+                for mode in args.modes.split(","):
+                    row = run_point(args, server, agents, mode, f"pa{agents}-{mode}-r{r + 1}")
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    finally:
+        server.stop()
+    with open(os.path.join(args.out, "phone_agent_bench.json"), "w") as f:
+        json.dump(dict(peak_tflops=args.peak, rows=rows, server_args=serve), f, indent=1)
+    print(markdown(rows, args.peak))
+
+
+if __name__ == "__main__":
+    main()
