@@ -58,7 +58,7 @@ def test_decodes_advance_every_step_while_a_screenshot_encodes(checkpoint):
         eng.add_request(f"text{i}", PreparedPrompt([5 + i, 9, 2, 77]), params)
     for _ in range(4):
         eng.step()
-    assert core.scheduler.num_decoding == 4
+    assert core.scheduler.tokens_owed_by_running() == 4      # four decodes
     eng.add_request("agent", _agent_prompt(llm, tokenizer, 1), SamplingParams(
         temperature=0, max_tokens=6, ignore_eos=True, frequency_penalty=0.2, top_p=0.85))
     depth = len(core.runner.model.visual.blocks)
@@ -71,7 +71,7 @@ def test_decodes_advance_every_step_while_a_screenshot_encodes(checkpoint):
         tokens_per_step.append(sum(len(o.outputs[0].token_ids) > 0 for o in outs
                                    if o.request_id.startswith("text")))
         agent_tokens += [o for o in outs if o.request_id == "agent"]
-        if blocks_per_step[-1] and core.scheduler.num_decoding:
+        if blocks_per_step[-1] and core.scheduler.running:
             # while decodes run, a step's blocks cost at most what they leave of the budget
             cost = core.runner.model.visual.block_flops([144]) / images.token_flops
             assert blocks_per_step[-1] == 1 or blocks_per_step[-1] * cost <= 16 - 4
@@ -92,3 +92,21 @@ def test_decodes_advance_every_step_while_a_screenshot_encodes(checkpoint):
     assert core.kv.num_free_blocks == core.kv.num_blocks
     cache = core.runner.encoder_cache
     assert cache.misses == 1      # encoded ahead: the miss it was (later chunks' reads hit)
+
+
+def test_many_waiting_screenshots_are_each_encoded_once(checkpoint):
+    """Many agents' screenshots waiting at once (the 64-agent load) with an encoder cache of
+    two images: the encoder works for the first held prompt only, so no image is evicted
+    before its prefill reads it, and every prompt completes."""
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    llm = LLM(str(checkpoint), dtype="float32", block_size=16, max_model_len=2048,
+              max_num_batched_tokens=64, max_num_seqs=8)
+    core = llm.engine.core
+    core.runner.encoder_cache.max_tokens = 72          # two 36-token images
+    prompts = [{"prompt_token_ids": build_prompt(tokenizer, [f"agent {i}", image(10 + i)]),
+                "multi_modal_data": {"image": [image(10 + i)]}} for i in range(6)]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert [len(o.outputs[0].token_ids) for o in outs] == [4] * 6
+    assert core.runner.images.blocks_run == 6 * len(core.runner.model.visual.blocks)
+    assert core.runner.encoder_cache.misses == 6

@@ -209,28 +209,26 @@ class EngineCore:
         return outputs
 
     def _encode_images(self) -> int:
-        """Vision-tower blocks for the prompts' next images, within what the running decodes
-        leave of the step's budget (engine/core/image_encoder.py); returns the budget used.
-        The encoder runs one image at a time, so an image that fails to encode (out of memory
-        once more after the caches were released) fails its request alone."""
+        """Vision-tower blocks for the image the first held prompt needs, within what the
+        running requests leave of the step's budget (engine/core/image_encoder.py); returns
+        the budget used. The encoder runs one image at a time, so an image that fails to
+        encode (out of memory once more after the caches were released) fails its request
+        alone."""
         images = self.runner.images
         if images is None:
             return 0
-        budget = self.max_num_batched_tokens - self.scheduler.num_decoding
-        used = 0
-        for req, item in self.scheduler.images_to_encode():
-            if used >= budget:
-                break
-            try:
-                used += self._encode(item, budget - used)
-            except Exception as exc:
-                images.reset()
-                error = self.isolation.step_failed([req], exc, 0)   # raises when fatal
-                self._fail(req, error)
-                break
-            if not images.ready(item):
-                break
-        return min(used, budget)
+        budget = self.max_num_batched_tokens - self.scheduler.tokens_owed_by_running()
+        todo = self.scheduler.image_to_encode() if budget > 0 else None
+        if todo is None:
+            return 0
+        req, item = todo
+        try:
+            return min(self._encode(item, budget), budget)
+        except Exception as exc:
+            images.reset()
+            error = self.isolation.step_failed([req], exc, 0)   # raises when fatal
+            self._fail(req, error)
+            return 0
 
     def _encode(self, item, budget: int) -> int:
         try:

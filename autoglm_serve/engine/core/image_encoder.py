@@ -3,9 +3,10 @@
 A phone screenshot is ~12k patches of full attention through 24 blocks: ~72 ms on an H200,
 during which every running decode would wait if the tower ran whole inside one step (the
 phone-agent workload's steps of 100-120 ms). The core gives the encoder what is left of a
-step's token budget after the running decodes (engine_core.py), priced in the language model's
-token-equivalents of compute, and the encoder runs that many blocks of the image that the
-first waiting prompt needs next, keeping the hidden states between steps. The scheduler does
+step's token budget after the running requests (decodes, and prefills up to their next
+image: engine_core.py), priced in the language model's token-equivalents of compute, and the
+encoder runs that many blocks of the image that the first held prompt needs, keeping the
+hidden states between steps. The scheduler does
 not let a prompt's chunk reach an image before it is encoded (scheduler.py). With nothing
 decoding, the budget is the whole step's: one agent's screenshot goes through in one or two
 steps, as fast as whole.

@@ -8,14 +8,14 @@ request is preempted: its blocks are freed and it goes back to the front of the 
 recomputed later (the prefix cache usually makes that cheap).
 
 Images: a chunk never reaches an image placeholder whose embeddings are not ready yet
-(``image_ready``); the core encodes them ahead, in the order ``images_to_encode`` gives
+(``image_ready``); the core encodes ahead the one ``image_to_encode`` names
 (engine/core/image_encoder.py). A waiting prompt held by its image lets the ones behind it go.
 """
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from autoglm_serve.engine.core.kv_cache import KVCacheManager
@@ -170,24 +170,27 @@ class Scheduler:
                 return max(0, item.offset - start)
         return n
 
-    def images_to_encode(self) -> Iterator[tuple[Request, MultiModalItem]]:
-        """Each prompt's next image not encoded yet, in the order the prompts are served:
-        running prefills, then the waiting queue (past their prefix-cached tokens)."""
+    def image_to_encode(self) -> tuple[Request, MultiModalItem] | None:
+        """The image the first prompt held by one needs (running prefills first, then the
+        first waiting prompt with images, past its prefix-cached tokens): the encoder works on
+        nothing else, so encoded images are read before the encoder cache could evict them."""
         if self.image_ready is None:
-            return
+            return None
         for req in self.running:
             if req.mm_items and req.num_computed_tokens < req.num_prompt_tokens:
                 item = self._next_unready_image(req, req.num_computed_tokens)
                 if item is not None:
-                    yield req, item
-        for req in list(self.waiting):
+                    return req, item
+        for req in self.waiting:
             if req.mm_items and not req.status.finished:
                 start = req.num_computed_tokens
                 if start == 0:
                     start = len(self.kv.find_cached_prefix(req)) * self.kv.block_size
                 item = self._next_unready_image(req, start)
-                if item is not None:
-                    yield req, item
+                # the first waiting prompt with images only: until it is admitted, another
+                # image encoded now could push its own out of the encoder cache
+                return (req, item) if item is not None else None
+        return None
 
     def _next_unready_image(self, req: Request, start: int) -> MultiModalItem | None:
         for item in req.mm_items:
@@ -195,11 +198,17 @@ class Scheduler:
                 return item
         return None
 
-    @property
-    def num_decoding(self) -> int:
-        """Running requests that owe one token: what the step's decodes take of its budget."""
-        return sum(1 for r in self.running
-                   if len(r.all_token_ids) + r.num_inflight - r.num_computed_tokens <= 1)
+    def tokens_owed_by_running(self) -> int:
+        """What running requests can compute this step: a token per decode, and each prefill's
+        rest of its prompt up to an image not encoded yet. The encoder gets what the budget
+        leaves after them, so a prompt under way is never held for the next one's image."""
+        owed = 0
+        for r in self.running:
+            n = len(r.all_token_ids) + r.num_inflight - r.num_computed_tokens
+            if n > 1 and self.image_ready is not None and r.mm_items:
+                n = self._up_to_unready_image(r, r.num_computed_tokens, n)
+            owed += n
+        return owed
 
     def schedule_alone(self, req: Request, budget: int) -> SchedulerOutput:
         """A step of this running request alone, at most ``budget`` tokens of it (fault
