@@ -24,7 +24,7 @@ def image(seed, w=112, h=252):
 
 
 def test_blocks_in_steps_equal_one_forward(checkpoint):
-    llm = LLM(str(checkpoint), dtype="float32", max_model_len=2048)
+    llm = LLM(str(checkpoint), dtype="float32", max_model_len=2048, num_kv_blocks=256)
     model = llm.engine.core.runner.model
     torch.manual_seed(0)
     grid = [(1, 8, 6), (1, 4, 4)]
@@ -50,7 +50,7 @@ def test_decodes_advance_every_step_while_a_screenshot_encodes(checkpoint):
     # a budget of 16 tokens, 4 of them taken by decodes: less than one block of this tiny
     # tower over a 144-patch image (~12.5 token-equivalents), so one block a step
     llm = LLM(str(checkpoint), dtype="float32", block_size=16, max_model_len=2048,
-              max_num_batched_tokens=16, max_num_seqs=8)
+              max_num_batched_tokens=16, max_num_seqs=8, num_kv_blocks=256)
     core, eng = llm.engine.core, llm.engine
     images = core.runner.images
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
@@ -83,7 +83,7 @@ def test_decodes_advance_every_step_while_a_screenshot_encodes(checkpoint):
         if i + 1 < len(tokens_per_step):
             assert tokens_per_step[i + 1] == 4 or tokens_per_step[i] == 4
     whole = LLM(str(checkpoint), loaded=core.loaded, dtype="float32", block_size=16,
-                max_model_len=2048, max_num_batched_tokens=4096)
+                max_model_len=2048, max_num_batched_tokens=4096, num_kv_blocks=256)
     ids = build_prompt(tokenizer, ["step 1: what next?", image(1)])
     ref = whole.generate({"prompt_token_ids": ids, "multi_modal_data": {"image": [image(1)]}},
                          SamplingParams(
@@ -101,7 +101,7 @@ def test_many_waiting_screenshots_are_each_encoded_once(checkpoint):
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     llm = LLM(str(checkpoint), dtype="float32", block_size=16, max_model_len=2048,
-              max_num_batched_tokens=64, max_num_seqs=8)
+              max_num_batched_tokens=64, max_num_seqs=8, num_kv_blocks=256)
     core = llm.engine.core
     core.runner.encoder_cache.max_tokens = 72          # two 36-token images
     prompts = [{"prompt_token_ids": build_prompt(tokenizer, [f"agent {i}", image(10 + i)]),
