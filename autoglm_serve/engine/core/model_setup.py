@@ -16,6 +16,10 @@ from autoglm_serve.loader import (initialize_dummy_weights, iter_gguf_weights,
 from autoglm_serve.loader.model_path import ResolvedModel
 from autoglm_serve.models.layers.linear import get_linear_method
 from autoglm_serve.models.registry import resolve_model_class
+from autoglm_serve.quantization.checkpoint_tensors import convert_checkpoint_tensors
+from autoglm_serve.quantization.config import resolve_quant_config
+from autoglm_serve.quantization.install import (install_linear_methods,
+                                                process_weights_after_loading)
 
 logger = logging.getLogger(__name__)
 
@@ -80,15 +84,24 @@ def load_model(settings, device: torch.device) -> LoadedModel:
     hf_config = resolved.config
     model_cls = resolve_model_class(hf_config)
     dtype = config.resolve_dtype(text_config(hf_config), device)
-    linear_method = get_linear_method(config.quantization)
+    qconfig = resolve_quant_config(hf_config, config.quantization,
+                                   dummy=config.load_format == "dummy")
+    if qconfig is not None and resolved.format == "gguf":
+        raise ValueError("quantization applies to safetensors checkpoints, not GGUF files")
+    linear_method = get_linear_method(None if qconfig is None else qconfig.method)
     with torch.device(device):
         model = model_cls(hf_config, linear_method=linear_method, dtype=dtype)
+    if qconfig is not None:
+        install_linear_methods(model, qconfig, dtype)
     if config.load_format == "dummy":
         initialize_dummy_weights(model, seed=config.seed)
     elif resolved.format == "gguf":
         model.load_weights(iter_gguf_weights(resolved.path))
     else:
-        model.load_weights(iter_safetensors_weights(resolved.path))
+        weights = iter_safetensors_weights(resolved.path)
+        model.load_weights(weights if qconfig is None
+                           else convert_checkpoint_tensors(weights, qconfig))
+    process_weights_after_loading(model)
     model.eval()
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     return LoadedModel(model, hf_config, resolved, device, dtype, weight_bytes,
