@@ -9,6 +9,8 @@ _DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float
            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "half": torch.float16, "fp16": torch.float16}
 
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+
 
 @dataclass
 class EngineConfig:
@@ -31,7 +33,8 @@ class EngineConfig:
     enforce_eager: bool = False
     async_scheduling: bool = True             # prepare step N+1 while the device runs step N
     tensor_parallel_size: int = 1
-    quantization: str | None = None
+    quantization: str | None = None           # awq | gptq | compressed-tensors | fp8 (vLLM's)
+    kv_cache_dtype: str = "auto"              # auto (the model dtype) | fp8 (e4m3, scale 1.0)
     attention_backend: str = "auto"           # auto | torch | triton
     mm_processor_kwargs: dict = field(default_factory=dict)
     limit_mm_per_prompt: dict = field(default_factory=dict)
@@ -61,6 +64,12 @@ class EngineConfig:
             raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} is not supported "
                              "yet: this build serves on one GPU (the layers are TP-ready, the "
                              "multi-GPU runner is not built)")
+        if self.quantization is not None:
+            from autoglm_serve.quantization.config import check_method_name
+            check_method_name(self.quantization)
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                             f"not {self.kv_cache_dtype!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError("attention_backend must be auto, torch or triton")
 

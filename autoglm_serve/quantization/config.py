@@ -9,6 +9,8 @@ quantizes at load. compressed-tensors' own pydantic config validates its format.
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass, field
 
 from autoglm_serve.quantization.module_names import matches_any
@@ -133,8 +135,17 @@ def _parse_gptq(raw: dict) -> QuantConfig:
 
 def _parse_compressed_tensors(raw: dict) -> QuantConfig:
     from compressed_tensors.quantization import QuantizationConfig
+    # actorder "group" (a weight_g_idx per layer) is in checkpoints written before
+    # compressed-tensors 0.20, which no longer validates it: read it, then validate the rest
+    grouped_order = set()
+    raw = copy.deepcopy(raw)
+    for name, group in (raw.get("config_groups") or {}).items():
+        weights = group.get("weights") if isinstance(group, dict) else None
+        if weights and weights.get("actorder") == "group":
+            weights["actorder"] = None
+            grouped_order.add(name)
     cfg = QuantizationConfig.model_validate(raw)
-    status = str(getattr(cfg.quantization_status, "value", cfg.quantization_status))
+    status = _value(cfg.quantization_status)
     if status != "compressed":
         raise ValueError(f"compressed-tensors checkpoint with quantization_status {status!r}: "
                          "only compressed checkpoints are supported")
@@ -142,6 +153,8 @@ def _parse_compressed_tensors(raw: dict) -> QuantConfig:
     for name, group in cfg.config_groups.items():
         fmt = str(getattr(group, "format", None) or cfg.format)
         scheme = _ct_scheme(name, group, fmt)
+        if name in grouped_order:
+            scheme = dataclasses.replace(scheme, act_order=True)
         for target in group.targets:
             if target in ("Linear", "re:.*Linear", "torch.nn.Linear"):
                 default = scheme
@@ -151,18 +164,23 @@ def _parse_compressed_tensors(raw: dict) -> QuantConfig:
                        overrides=overrides)
 
 
+def _value(x):
+    """compressed-tensors' enums, or their plain strings (its models store either)."""
+    return getattr(x, "value", x)
+
+
 def _ct_scheme(name: str, group, fmt: str) -> WeightScheme:
     w, a = group.weights, group.input_activations
     if w is None:
         raise ValueError(f"compressed-tensors group {name!r} has no weight quantization")
-    wtype, strategy = str(w.type.value), str(w.strategy.value)
+    wtype, strategy = _value(w.type), _value(w.strategy)
     if wtype == "float" and w.num_bits == 8:
         if fmt != "float-quantized" or strategy != "channel" or a is None or \
-                str(a.strategy.value) != "token" or not a.dynamic:
+                _value(a.strategy) != "token" or not a.dynamic:
             raise ValueError(f"compressed-tensors group {name!r}: FP8 is supported with "
                              "per-channel weights and dynamic per-token activations "
                              f"(got format {fmt}, weights {strategy}, activations "
-                             f"{None if a is None else a.strategy.value})")
+                             f"{None if a is None else _value(a.strategy)})")
         return WeightScheme("fp8", bits=8, group_size=None)
     if wtype == "int" and a is None:
         if fmt != "pack-quantized":
@@ -171,10 +189,10 @@ def _ct_scheme(name: str, group, fmt: str) -> WeightScheme:
         if strategy not in ("group", "channel"):
             raise ValueError(f"compressed-tensors group {name!r}: strategy {strategy!r} "
                              "(supported: group, channel)")
-        act = getattr(w.actorder, "value", w.actorder)
+        # actorder "weight" only changed calibration: nothing is stored for it
         return WeightScheme("wna16", int(w.num_bits),
                             int(w.group_size) if strategy == "group" else None,
-                            has_zeros=not w.symmetric, act_order=act == "group")
+                            has_zeros=not w.symmetric)
     raise ValueError(f"compressed-tensors group {name!r}: weights {wtype}{w.num_bits} with "
                      f"activations {a} is not supported (W4A16/W8A16 int, FP8 W8A8 dynamic)")
 

@@ -41,6 +41,7 @@ class LoadedModel:
     dtype: torch.dtype
     weight_bytes: int
     load_seconds: float
+    quantization: str = "none"      # what the linear layers run, in words
 
 
 def resolve(config: EngineConfig) -> ResolvedModel:
@@ -105,4 +106,5 @@ def load_model(settings, device: torch.device) -> LoadedModel:
     model.eval()
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     return LoadedModel(model, hf_config, resolved, device, dtype, weight_bytes,
-                       time.monotonic() - start)
+                       time.monotonic() - start,
+                       "none" if qconfig is None else qconfig.describe())
