@@ -87,8 +87,8 @@ def load_model(settings, device: torch.device) -> LoadedModel:
     dtype = config.resolve_dtype(text_config(hf_config), device)
     qconfig = resolve_quant_config(hf_config, config.quantization,
                                    dummy=config.load_format == "dummy")
-    if qconfig is not None and resolved.format == "gguf":
-        raise ValueError("quantization applies to safetensors checkpoints, not GGUF files")
+    if qconfig is not None and resolved.format == "gguf" and not qconfig.quantize_at_load:
+        raise ValueError(f"{qconfig.method} checkpoints are safetensors, not GGUF files")
     linear_method = get_linear_method(None if qconfig is None else qconfig.method)
     with torch.device(device):
         model = model_cls(hf_config, linear_method=linear_method, dtype=dtype)
