@@ -80,6 +80,11 @@ class EngineConfig:
             raise ValueError("device='cuda' was asked for but CUDA is not available")
         return torch.device(self.device)
 
+    def resolve_kv_cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """fp8: e4m3 with a scale of 1.0 (vLLM's default without calibrated scales): K and V
+        stay far inside e4m3's +-448, and each value keeps 3 mantissa bits."""
+        return torch.float8_e4m3fn if self.kv_cache_dtype.startswith("fp8") else model_dtype
+
     def resolve_dtype(self, hf_config, device: torch.device) -> torch.dtype:
         if self.dtype != "auto":
             return _DTYPES[self.dtype]

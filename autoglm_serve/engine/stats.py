@@ -63,7 +63,7 @@ def engine_info(core) -> EngineInfo:
         max_num_seqs=core.config.max_num_seqs, kv_blocks=cache.num_blocks,
         kv_block_size=cache.block_size, kv_bytes_per_block=cache.bytes_per_block,
         has_encoder_cache=core.runner.encoder_cache is not None, core_pid=os.getpid(),
-        quantization=loaded.quantization, kv_cache_dtype=core.config.kv_cache_dtype)
+        quantization=loaded.quantization, kv_cache_dtype=str(core.runner.kv_dtype).removeprefix("torch."))
 
 
 def core_stats(core) -> CoreStats:
