@@ -35,6 +35,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     quantization: str | None = None           # awq | gptq | compressed-tensors | fp8 (vLLM's)
     kv_cache_dtype: str = "auto"              # auto (the model dtype) | fp8 (e4m3, scale 1.0)
+    mm_encoder_quantization: str | None = None  # fp8: the vision tower's linears in FP8 W8A8
     attention_backend: str = "auto"           # auto | torch | triton
     mm_processor_kwargs: dict = field(default_factory=dict)
     limit_mm_per_prompt: dict = field(default_factory=dict)
@@ -67,6 +68,9 @@ class EngineConfig:
         if self.quantization is not None:
             from autoglm_serve.quantization.config import check_method_name
             check_method_name(self.quantization)
+        if self.mm_encoder_quantization not in (None, "fp8"):
+            raise ValueError(f"mm_encoder_quantization must be fp8 (or unset), not "
+                             f"{self.mm_encoder_quantization!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
                              f"not {self.kv_cache_dtype!r}")

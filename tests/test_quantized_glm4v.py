@@ -75,3 +75,17 @@ def test_quantized_vision_weights_are_refused(checkpoint, tmp_path):
     (path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="quantizes the vision tower.*model.visual.blocks.0"):
         LLM(str(path), dtype="float32", max_model_len=512)
+
+
+def test_mm_encoder_quantization_fp8(checkpoint):
+    """The vision tower in FP8 on request only: image embeddings close to the 16-bit tower's."""
+    kw = dict(dtype="float32", block_size=16, max_model_len=512, max_num_batched_tokens=64)
+    plain = LLM(str(checkpoint), **kw).engine.core.loaded.model
+    fp8 = LLM(str(checkpoint), mm_encoder_quantization="fp8", **kw).engine.core.loaded.model
+    assert fp8.visual.blocks[0].attn.qkv.weight.dtype == torch.float8_e4m3fn
+    assert fp8.visual.patch_embed.weight.dtype == torch.float32
+    assert plain.visual.blocks[0].attn.qkv.weight.dtype == torch.float32
+    pixels = torch.randn(16, plain.visual.patch_dim)
+    with torch.no_grad():
+        a, b = fp8.embed_images(pixels, [[1, 4, 4]]), plain.embed_images(pixels, [[1, 4, 4]])
+    assert 1e-4 < ((a - b).norm() / b.norm()).item() < 0.15

@@ -177,6 +177,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                     help='e.g. \'{"image": 10}\'')
     mm.add_argument("--mm-processor-kwargs", type=_json_dict, default={},
                     help='e.g. \'{"max_pixels": 5000000}\'')
+    mm.add_argument("--mm-encoder-quantization", default=None, choices=["fp8"],
+                    help="fp8: the vision tower's linear layers in FP8 W8A8 (default: 16-bit, "
+                         "whatever --quantization says)")
     mm.add_argument("--mm-encoder-tp-mode", default=None,
                     help="accepted for vLLM compatibility (one GPU: no difference)")
     mm.add_argument("--mm-processor-cache-type", default=None,
@@ -275,7 +278,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         kv_cache_memory_gib=args.kv_cache_memory_gib, num_kv_blocks=args.num_gpu_blocks_override,
         seed=args.seed, enforce_eager=args.enforce_eager,
         tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization,
-        kv_cache_dtype=args.kv_cache_dtype,
+        kv_cache_dtype=args.kv_cache_dtype, mm_encoder_quantization=args.mm_encoder_quantization,
         attention_backend=args.attention_backend, mm_processor_kwargs=args.mm_processor_kwargs,
         limit_mm_per_prompt=args.limit_mm_per_prompt,
         chat_template=_read_chat_template(args.chat_template),

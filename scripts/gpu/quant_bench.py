@@ -12,7 +12,8 @@
 (c) the engine with --load-format dummy for bf16, W4A16 (compressed-tensors g128) and FP8, each
     in its own subprocess (a clean GPU): single stream (512 in, 256 out; decode tok/s), offline
     throughput (256 requests of 512 in / 128 out; output tok/s) and the weights in GiB (all and
-    the text decoder's linear layers alone).
+    the text decoder's linear layers alone), and the KV cache's tokens. ``--modes`` adds
+    w4a16_fp8kv (--kv-cache-dtype fp8) and fp8_vit (--mm-encoder-quantization fp8).
 Raw numbers go to $OUT/quant_bench.json when $OUT is set; a markdown table is printed last.
 """
 from __future__ import annotations
@@ -29,7 +30,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests"), HERE]
 
-MODES = {"bf16": None, "w4a16": "compressed-tensors", "fp8": "fp8"}
+# mode -> LLM settings; the default run is the first three (--modes adds the others)
+MODES = {"bf16": {}, "w4a16": {"quantization": "compressed-tensors"},
+         "fp8": {"quantization": "fp8"},
+         "w4a16_fp8kv": {"quantization": "compressed-tensors", "kv_cache_dtype": "fp8"},
+         "fp8_vit": {"quantization": "fp8", "mm_encoder_quantization": "fp8"}}
+DEFAULT_MODES = "bf16,w4a16,fp8"
 REAL_SHAPES = {"qkv": (4608, 4096), "o": (4096, 4096), "gate_up": (27392, 4096),
                "down": (4096, 13696)}
 SMOKE_SHAPES = {"qkv": (192, 128), "down": (128, 256)}
@@ -161,8 +167,7 @@ def worker(args) -> None:
     from engine_figures import fig_single, fig_throughput, token_floor
     t0 = time.monotonic()
     kw = dict(load_format="dummy", max_model_len=4096, max_num_seqs=256,
-              skip_tokenizer_init=True, enable_prefix_caching=False,
-              quantization=MODES[args.worker])
+              skip_tokenizer_init=True, enable_prefix_caching=False, **MODES[args.worker])
     if args.smoke:
         kw.update(device="cpu", kv_cache_memory_gib=0.25, dtype="bfloat16")
     else:
@@ -172,7 +177,8 @@ def worker(args) -> None:
     linear_bytes = sum(p.numel() * p.element_size() for mod in loaded.model.modules()
                        if isinstance(mod, LinearBase) for p in mod.parameters())
     emit("startup", mode=args.worker, seconds=time.monotonic() - t0, quantization=loaded.quantization,
-         weight_gib=loaded.weight_bytes / 2**30, decoder_linear_gib=linear_bytes / 2**30)
+         weight_gib=loaded.weight_bytes / 2**30, decoder_linear_gib=linear_bytes / 2**30,
+         kv_tokens=llm.engine.core.cache.num_tokens)
     rng = random.Random(0)
     floor = token_floor(loaded.hf_config)
     fa = argparse.Namespace(output_len=args.output_len, input_len=args.input_len, single_runs=2,
@@ -222,19 +228,22 @@ def table(kernel_rows, engine_rows) -> str:
         out.append(f"| {r['shape']} {r['n']}x{r['k']} | {r['m']} | {r['kernel']} | "
                    f"{r['max_abs_err']:.2e} | {r['rel_err']:.2e} | {r['us']:.1f} | "
                    f"{r['weight_gb_s']:.0f} |")
-    out += ["", "| mode | weights GiB | decoder linears GiB | single decode tok/s | "
-            "offline out tok/s | vs bf16 |", "| --- | --- | --- | --- | --- | --- |"]
+    out += ["", "| mode | weights GiB | decoder linears GiB | KV tokens | single decode tok/s | "
+            "offline out tok/s | vs bf16 |", "| --- | --- | --- | --- | --- | --- | --- |"]
     by = {}
     for r in engine_rows:
         by.setdefault(r.get("mode"), {})[r["kind"]] = r
     base = (by.get("bf16", {}).get("throughput") or {}).get("out_tok_s")
     for mode in MODES:
-        d = by.get(mode, {})
+        if mode not in by:
+            continue
+        d = by[mode]
         s, t, th = d.get("startup", {}), d.get("single", {}), d.get("throughput", {})
         ratio = f"{th['out_tok_s'] / base:.2f}x" if base and th.get("out_tok_s") else ""
         fmt = lambda v, f=".1f": format(v, f) if isinstance(v, (int, float)) else "-"  # noqa: E731
         out.append(f"| {mode} | {fmt(s.get('weight_gib'), '.2f')} | "
-                   f"{fmt(s.get('decoder_linear_gib'), '.2f')} | {fmt(t.get('decode_tok_s'))} | "
+                   f"{fmt(s.get('decoder_linear_gib'), '.2f')} | {fmt(s.get('kv_tokens'), 'd')} | "
+                   f"{fmt(t.get('decode_tok_s'))} | "
                    f"{fmt(th.get('out_tok_s'))} | {ratio} |")
     return "\n".join(out)
 
@@ -244,7 +253,7 @@ def main() -> None:
     p.add_argument("--smoke", action="store_true", help="CPU, tiny GLM-4.1V, tiny shapes")
     p.add_argument("--worker", choices=list(MODES), default=None, help=argparse.SUPPRESS)
     p.add_argument("--model", default=None)
-    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--modes", default=DEFAULT_MODES, help=f"of {', '.join(MODES)}")
     p.add_argument("--skip-kernels", action="store_true")
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=256)

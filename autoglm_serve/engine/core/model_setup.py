@@ -20,6 +20,7 @@ from autoglm_serve.quantization.checkpoint_tensors import convert_checkpoint_ten
 from autoglm_serve.quantization.config import resolve_quant_config
 from autoglm_serve.quantization.install import (install_linear_methods,
                                                 process_weights_after_loading)
+from autoglm_serve.quantization.vision_fp8 import quantize_vision_tower
 
 logger = logging.getLogger(__name__)
 
@@ -103,8 +104,13 @@ def load_model(settings, device: torch.device) -> LoadedModel:
         model.load_weights(weights if qconfig is None
                            else convert_checkpoint_tensors(weights, qconfig))
     process_weights_after_loading(model)
+    described = "none" if qconfig is None else qconfig.describe()
+    if config.mm_encoder_quantization == "fp8":
+        if not hasattr(model, "visual"):
+            raise ValueError("mm_encoder_quantization='fp8' needs a model with a vision tower")
+        quantize_vision_tower(model.visual)
+        described += "; vision tower FP8 W8A8"
     model.eval()
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     return LoadedModel(model, hf_config, resolved, device, dtype, weight_bytes,
-                       time.monotonic() - start,
-                       "none" if qconfig is None else qconfig.describe())
+                       time.monotonic() - start, described)
