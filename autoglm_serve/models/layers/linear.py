@@ -78,12 +78,9 @@ class DeferredLinearMethod(LinearMethod):
 
 
 def get_linear_method(quantization: str | None) -> LinearMethod:
-    """The method of every linear layer before quantization/install.py refines it per layer."""
-    if quantization is None:
-        return UnquantizedLinearMethod()
-    from autoglm_serve.quantization.config import check_method_name
-    check_method_name(quantization)
-    return DeferredLinearMethod()
+    """The method of every linear layer before quantization/install.py refines it per layer
+    (``quantization``: a method quantization/config.py has already checked)."""
+    return UnquantizedLinearMethod() if quantization is None else DeferredLinearMethod()
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
