@@ -14,6 +14,6 @@ def test_quant_bench_smoke_runs():
                        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     assert '"kind": "error"' not in r.stdout
-    assert "| down 128x256 | 16 | w4a16_zp |" in r.stdout
+    assert "| down 128x256 | 16 | w4a16_zp |" in r.stdout and "kernels/wna16.py TUNED" in r.stdout
     w4 = [line for line in r.stdout.splitlines() if line.startswith("| w4a16_fp8kv |")]
     assert w4 and "| - |" not in w4[0], r.stdout[-2000:]

@@ -47,9 +47,10 @@ def check(m, n, k, bits, group, zeros, dtype, bias, config=None):
     assert rel(out, ref) < (1e-5 if dtype == torch.float32 else 1e-2)
 
 
-# N = 40 (a partial 32-wide tile), K = 256 spanning several K tiles; BLOCK_K 64 against group
-# 32 takes the per-element scale path, BLOCK_K 32 the one-scale-per-tile path
-CONFIGS = [WNA16Config(16, 32, 32), WNA16Config(32, 16, 64)]
+# N = 40 (a partial tile), K = 256 spanning several K tiles. A K tile inside one group takes the
+# one-scale-per-tile path; a tile of whole groups (BLOCK_K 64/128 against group 32 or 64) the
+# broadcast path; the test after this one the per-element path (neither divides the other).
+CONFIGS = [WNA16Config(16, 32, 32), WNA16Config(32, 16, 64), WNA16Config(16, 16, 128)]
 
 
 @pytest.mark.parametrize("group", [32, 64, 128, 256])
@@ -60,6 +61,10 @@ def test_kernel_matches_dequantized_matmul(group, bits, zeros, m):
         check(m, 40, 256, bits, group, zeros, torch.float32, bias=m == 37, config=cfg)
 
 
+def test_kernel_where_tiles_and_groups_do_not_nest():
+    check(3, 40, 192, 4, 96, True, torch.float32, bias=False, config=WNA16Config(16, 16, 64))
+
+
 @pytest.mark.parametrize("m", [1, 20])
 def test_kernel_in_bf16_with_default_configs(m):
     check(m, 48, 256, 4, 128, True, torch.bfloat16, bias=True)
@@ -68,7 +73,8 @@ def test_kernel_in_bf16_with_default_configs(m):
 def test_default_configs_keep_k_tiles_inside_groups():
     for m in (1, 16, 64, 4096):
         for group in (32, 64, 128, 4096, 13696):
-            assert group % select_config(m, 4096, 13696, group).block_k == 0
+            bk = select_config(m, 4096, 13696, group).block_k
+            assert group % bk == 0 or bk % group == 0
 
 
 def test_fp8_gemm_is_exact_against_its_dequantized_operands():

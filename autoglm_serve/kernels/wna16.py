@@ -6,9 +6,9 @@ zero) per group of ``group`` input channels, then multiplied on tensor cores wit
 accumulation. Decode reads 4x fewer weight bytes than bf16, which is what bounds it.
 
 One kernel, two launch shapes: ``BLOCK_M`` 16 for decode (1..16 rows: tl.dot's smallest tile,
-the padding is free in a bandwidth-bound GEMV) with narrow ``BLOCK_N`` so N = 4096 still gives
-~128 programs, and 64/128-row tiles for prefill. When the K tile lies inside one group
-(``group % BLOCK_K == 0``) a tile loads one scale per output row instead of one per element.
+the padding is free in a bandwidth-bound GEMV) with narrow, deep tiles, and 64/128-row tiles for
+prefill. A K tile inside one group loads one scale (and zero) per output row; a tile of whole
+groups loads one per group and broadcasts it; anything else gathers one per element.
 
 Launch parameters depend only on (M, N, K, group, bits, dtype) and the output is allocated from
 x's shape: no host syncs, so the launches are captured by the decode CUDA graphs.
@@ -30,10 +30,19 @@ class WNA16Config(NamedTuple):
     num_stages: int = 3
 
 
+# (M bucket, N, K, group) -> config, measured on the H200 by scripts/gpu/quant_bench.py
+TUNED: dict[tuple[int, int, int, int], WNA16Config] = {}
+
+
 def select_config(m: int, n: int, k: int, group: int) -> WNA16Config:
+    tuned = TUNED.get((16 if m <= 16 else m, n, k, group))
+    if tuned is not None:
+        return tuned
     block_k = 128 if group % 128 == 0 else (64 if group % 64 == 0 else 32)
     if m <= 16:
-        return WNA16Config(16, 32 if n <= 8192 else 64, block_k, 4, 4)
+        # decode: narrow, deep tiles so ~4 KB of each program's weights are in flight per
+        # stage and N = 4096 still makes 256 programs (bandwidth needs bytes in flight)
+        return WNA16Config(16, 16, 512 if group <= 512 and 512 % group == 0 else block_k, 4, 3)
     if m <= 64:
         return WNA16Config(64, 64, min(block_k, 64), 4, 3)
     return WNA16Config(128, 128, min(block_k, 64), 8, 3)
@@ -48,6 +57,7 @@ def _wna16_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, M, N, K,
     PF: tl.constexpr = 32 // BITS
     MASK: tl.constexpr = (1 << BITS) - 1
     ONE_GROUP_PER_TILE: tl.constexpr = GROUP % BLOCK_K == 0
+    WHOLE_GROUPS_PER_TILE: tl.constexpr = BLOCK_K % GROUP == 0
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -72,6 +82,22 @@ def _wna16_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, M, N, K,
             scale = tl.load(s_ptr + rows * stride_sn + g).to(tl.float32)[:, None]
             if HAS_ZEROS:
                 zero = tl.load(z_ptr + rows * stride_sn + g).to(tl.float32)[:, None]
+            else:
+                zero = (1 << (BITS - 1)) * 1.0
+        elif WHOLE_GROUPS_PER_TILE:
+            # BLOCK_K // GROUP scales per row, broadcast over their groups
+            g = k // GROUP + tl.arange(0, BLOCK_K // GROUP)
+            g_mask = (g < tl.cdiv(K, GROUP))[None, :]
+            scale = tl.load(s_ptr + rows[:, None] * stride_sn + g[None, :], mask=g_mask,
+                            other=0.0).to(tl.float32)
+            scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_K // GROUP, GROUP)),
+                               (BLOCK_N, BLOCK_K))
+            if HAS_ZEROS:
+                zero = tl.load(z_ptr + rows[:, None] * stride_sn + g[None, :], mask=g_mask,
+                               other=0).to(tl.float32)
+                zero = tl.reshape(tl.broadcast_to(zero[:, :, None],
+                                                  (BLOCK_N, BLOCK_K // GROUP, GROUP)),
+                                  (BLOCK_N, BLOCK_K))
             else:
                 zero = (1 << (BITS - 1)) * 1.0
         else:

@@ -150,10 +150,52 @@ def kernels(args) -> list[dict]:
                     row["error"] = f"{type(e).__name__}: {e}"[:300]
                 emit("kernel", **row)
                 rows.append(row)
+        if args.sweep:
+            rows += sweep_decode_configs(shape_name, n, k, sets["w4a16_zp"], device, dtype,
+                                         args.smoke)
         del sets
         if device == "cuda":
             torch.cuda.empty_cache()
     return rows
+
+
+SWEEP = [(16, 16, 128), (16, 16, 256), (16, 16, 512), (16, 32, 256), (16, 64, 128),
+         (16, 32, 512), (16, 8, 512)]
+
+
+def sweep_decode_configs(shape_name, n, k, ws, device, dtype, smoke) -> list[dict]:
+    """W4A16 decode (M = 1 and 16) under each candidate tile: the fastest goes in
+    kernels/wna16.py's TUNED table (printed at the end)."""
+    import torch
+
+    from autoglm_serve.kernels.wna16 import WNA16Config, wna16_linear
+    rows = []
+    for m in (1, 16):
+        x = torch.randn(m, k, device=device, dtype=dtype)
+        for bm, bn, bk in SWEEP[:2] if smoke else SWEEP:
+            cfg = WNA16Config(bm, bn, bk, 4, 3)     # (smoke: in the Triton interpreter)
+            try:
+                us = time_us(lambda: wna16_linear(x, ws["qweight"], ws["scales"], ws["zeros"], 4,
+                                                  128, None, cfg), smoke)
+            except Exception as e:
+                emit("sweep", shape=shape_name, m=m, config=list(cfg), error=str(e)[:200])
+                continue
+            row = dict(kind="sweep", shape=shape_name, n=n, k=k, m=m, config=list(cfg), us=us,
+                       weight_gb_s=weight_bytes("w4a16_zp", ws) / us / 1e3)
+            emit(**row)
+            rows.append(row)
+    return rows
+
+
+def tuned_table(rows) -> str:
+    best = {}
+    for r in rows:
+        if r.get("kind") == "sweep":
+            key = (16, r["n"], r["k"], 128)
+            if r["m"] == 1 and (key not in best or r["us"] < best[key]["us"]):
+                best[key] = r
+    return "\n".join(f"    {key}: WNA16Config{tuple(r['config'])},  # {r['us']:.1f} us, "
+                     f"{r['weight_gb_s']:.0f} GB/s" for key, r in best.items())
 
 
 # ---- (c): the engine, one subprocess per mode -----------------------------------------------
@@ -222,6 +264,8 @@ def table(kernel_rows, engine_rows) -> str:
     out = ["| shape | M | kernel | max abs err | rel err | us | weight GB/s |",
            "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in kernel_rows:
+        if r.get("kind") == "sweep":
+            continue
         if "error" in r:
             out.append(f"| {r['shape']} | {r['m']} | {r['kernel']} | error: {r['error'][:60]} | | | |")
             continue
@@ -255,6 +299,8 @@ def main() -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--modes", default=DEFAULT_MODES, help=f"of {', '.join(MODES)}")
     p.add_argument("--skip-kernels", action="store_true")
+    p.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True,
+                   help="time W4A16 decode tiles (adds ~30 s of compiles)")
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--throughput-output-len", type=int, default=128)
@@ -264,6 +310,10 @@ def main() -> None:
     args = p.parse_args()
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
+        import types
+
+        from triton_interpreter_fixes import fix_interpreter   # the tests' interpreter fixes
+        fix_interpreter(types.SimpleNamespace(setattr=setattr))
         if args.worker is None:
             args.input_len, args.output_len, args.throughput_output_len = 16, 4, 4
             args.num_requests, args.figure_timeout_s = 4, 60.0
@@ -294,6 +344,8 @@ def main() -> None:
         with open(os.path.join(os.environ["OUT"], "quant_bench.json"), "w") as f:
             json.dump(dict(kernels=kernel_rows, engine=engine_rows), f, indent=1, default=str)
     print(report)
+    if any(r.get("kind") == "sweep" for r in kernel_rows):
+        print("kernels/wna16.py TUNED (M <= 16, fastest at M = 1):\n" + tuned_table(kernel_rows))
     print(f"total {time.monotonic() - start:.0f} s")
 
 
