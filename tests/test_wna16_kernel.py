@@ -105,3 +105,35 @@ def test_kernel_inside_a_cuda_graph():
     x.copy_(torch.randn_like(x))
     graph.replay()
     assert rel(out, wna16_linear(x, qw, s, z, 4, 128)) < 1e-6 and rel(out, eager) > 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", [(4608, 4096), (27392, 4096), (4096, 13696)])
+@pytest.mark.parametrize("m", [1, 256])
+def test_fp8_gemm_at_model_shapes_and_in_a_cuda_graph(n, k, m):
+    w = torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16) * 0.02
+    wq, ws = quantize_rows(w)
+    x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
+    xq, xs = quantize_rows(x)
+    ref = F.linear(xq.float() * xs, wq.float() * ws)
+    assert rel(fp8_linear(x, wq, ws.view(-1), None), ref) < 1e-2
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fp8_linear(x, wq, ws.view(-1), None)
+    graph.replay()
+    assert rel(out, ref) < 1e-2
+
+
+@pytest.mark.gpu
+def test_engine_serves_w4a16_and_fp8_dummy_autoglm_with_cuda_graphs():
+    from autoglm_serve import LLM, SamplingParams
+    for method in ("compressed-tensors", "fp8"):
+        llm = LLM("autoglm-phone-9b", load_format="dummy", quantization=method,
+                  skip_tokenizer_init=True, max_model_len=2048, max_num_seqs=8,
+                  kv_cache_dtype="fp8" if method == "fp8" else "auto")
+        out = llm.generate([[1000 + i for i in range(64)]],
+                           SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+        assert len(out[0].outputs[0].token_ids) == 16
+        assert llm.engine.core.runner.graphs is not None
+        del llm
+        torch.cuda.empty_cache()
