@@ -161,3 +161,28 @@ def reference_model(hf_model, deq_weights: dict[str, torch.Tensor]):
         for name, w in deq_weights.items():
             state[name].copy_(w.to(state[name].dtype))
     return hf_model
+
+
+def fp8_checkpoint(path: Path) -> None:
+    """Rewrites the checkpoint as compressed-tensors float-quantized FP8: e4m3 weights with a
+    scale per output channel, activations quantized per token at run time (dynamic)."""
+    from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig,
+                                                 QuantizationScheme)
+    path = Path(path)
+    state = load_file(str(path / "model.safetensors"))
+    out = {}
+    for name, w in state.items():
+        if not is_decoder_linear(name):
+            out[name] = w
+            continue
+        module = name[: -len(".weight")]
+        scale = w.float().abs().amax(1, keepdim=True) / torch.finfo(torch.float8_e4m3fn).max
+        out[name] = (w.float() / scale).to(torch.float8_e4m3fn)
+        out[module + ".weight_scale"] = scale.to(torch.bfloat16)
+    cfg = QuantizationConfig(config_groups={"group_0": QuantizationScheme(
+        targets=["Linear"],
+        weights=QuantizationArgs(num_bits=8, type="float", strategy="channel", symmetric=True),
+        input_activations=QuantizationArgs(num_bits=8, type="float", strategy="token",
+                                           symmetric=True, dynamic=True))},
+        format="float-quantized", quantization_status="compressed", ignore=["lm_head"])
+    _save(path, out, cfg.model_dump(mode="json"))

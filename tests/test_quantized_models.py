@@ -139,3 +139,17 @@ def test_ignore_list_keeps_named_layers_16_bit(tmp_path):
     cfg["quantization_config"]["ignore"] = ["lm_head", "model.layers.1.mlp.down_proj"]
     (path / "config.json").write_text(json.dumps(cfg))
     assert_matches(engine(path), AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32))
+
+
+def test_compressed_tensors_fp8_checkpoint_matches_transformers(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from tests.quantized_checkpoints import fp8_checkpoint
+    path, _ = build_tiny_decoder(tmp_path / "m", "llama")
+    fp8_checkpoint(path)
+    oracle = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    llm = engine(path)
+    layer = llm.engine.core.loaded.model.model.layers[0].mlp.down_proj
+    assert layer.weight.dtype == torch.float8_e4m3fn and "FP8 W8A8" in llm.engine.core.loaded.quantization
+    # transformers (compressed-tensors) quantizes activations per token as we do: same numbers
+    assert_matches(llm, oracle, tol=1e-4)

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from autoglm_serve.quantization.config import QuantConfig, WeightScheme
-from autoglm_serve.quantization.module_names import is_vision
+from autoglm_serve.quantization.module_names import base_name, is_vision
 from autoglm_serve.quantization.packing import (AWQ_ORDER, pack_last_dim, unpack_first_dim,
                                                 unpack_last_dim)
 
@@ -36,6 +36,9 @@ def convert_checkpoint_tensors(weights: Iterable[tuple[str, torch.Tensor]],
                     f"the checkpoint quantizes the vision tower ({name!r}), which this engine "
                     "serves in 16 bits only: use a checkpoint whose ignore list keeps "
                     "'model.visual' unquantized")
+            if base_name(module).startswith(("lm_head", "embed_tokens")):
+                raise ValueError(f"the checkpoint quantizes {module!r} ({name!r}); the "
+                                 "embeddings and lm_head are served in 16 bits only")
             scheme = qconfig.scheme_for(module)
             if scheme is None:
                 raise ValueError(f"{name!r} is quantized in the checkpoint, but its "
