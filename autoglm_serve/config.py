@@ -9,6 +9,8 @@ _DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float
            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "half": torch.float16, "fp16": torch.float16}
 
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+
 
 @dataclass
 class EngineConfig:
@@ -31,7 +33,9 @@ class EngineConfig:
     enforce_eager: bool = False
     async_scheduling: bool = True             # prepare step N+1 while the device runs step N
     tensor_parallel_size: int = 1
-    quantization: str | None = None
+    quantization: str | None = None           # awq | gptq | compressed-tensors | fp8 (vLLM's)
+    kv_cache_dtype: str = "auto"              # auto (the model dtype) | fp8 (e4m3, scale 1.0)
+    mm_encoder_quantization: str | None = None  # fp8: the vision tower's linears in FP8 W8A8
     attention_backend: str = "auto"           # auto | torch | triton
     mm_processor_kwargs: dict = field(default_factory=dict)
     limit_mm_per_prompt: dict = field(default_factory=dict)
@@ -61,6 +65,15 @@ class EngineConfig:
             raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} is not supported "
                              "yet: this build serves on one GPU (the layers are TP-ready, the "
                              "multi-GPU runner is not built)")
+        if self.quantization is not None:
+            from autoglm_serve.quantization.config import check_method_name
+            check_method_name(self.quantization)
+        if self.mm_encoder_quantization not in (None, "fp8"):
+            raise ValueError(f"mm_encoder_quantization must be fp8 (or unset), not "
+                             f"{self.mm_encoder_quantization!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                             f"not {self.kv_cache_dtype!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError("attention_backend must be auto, torch or triton")
 
@@ -70,6 +83,11 @@ class EngineConfig:
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError("device='cuda' was asked for but CUDA is not available")
         return torch.device(self.device)
+
+    def resolve_kv_cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """fp8: e4m3 with a scale of 1.0 (vLLM's default without calibrated scales): K and V
+        stay far inside e4m3's +-448, and each value keeps 3 mantissa bits."""
+        return torch.float8_e4m3fn if self.kv_cache_dtype.startswith("fp8") else model_dtype
 
     def resolve_dtype(self, hf_config, device: torch.device) -> torch.dtype:
         if self.dtype != "auto":

@@ -69,7 +69,9 @@ def _run_cli(args: list[str], module: str = "autoglm_serve.cli") -> subprocess.C
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--quantization", "awq"], "quantization='awq' is not supported"),
+    (["--quantization", "bitsandbytes"], "quantization='bitsandbytes' is not supported"),
+    # the embedded model has no quantization_config: awq is refused once it is read
+    (["--quantization", "awq"], "needs a checkpoint quantized with awq"),
     (["--tensor-parallel-size", "2"], "tensor_parallel_size=2 is not supported"),
     (["--pipeline-parallel-size", "2"], "pipeline/data parallelism is not supported"),
     (["--chat-template", "/no/such/template.jinja"], "no such file"),
@@ -102,7 +104,7 @@ def test_api_server_module_takes_the_same_flags():
     for flag in ("--served-model-name", "--max-num-seqs", "--enable-prefix-caching",
                  "--api-key", "--limit-mm-per-prompt", "--reasoning-parser"):
         assert flag in r.stdout
-    r = _run_cli(["--quantization", "gptq"], module="autoglm_serve.entrypoints.openai.api_server")
+    r = _run_cli(["--quantization", "bnb"], module="autoglm_serve.entrypoints.openai.api_server")
     assert r.returncode == 2 and "not supported" in r.stderr
 
 

@@ -5,7 +5,9 @@ run kernels on CPU under TRITON_INTERPRET=1:
    fp32 first (exact: the GPU's bf16 MMA also accumulates exact products in fp32);
 2. range() over tensor bounds calls int() on a 1-element array, an error since numpy 2.4;
 3. fp32 -> bf16 casts truncate, where the GPU (and PyTorch) round to nearest even; a kernel that
-   rounds intermediate values (the gated GEMV) then drifts by up to an ulp per rounding.
+   rounds intermediate values (the gated GEMV) then drifts by up to an ulp per rounding; casts
+   to fp8 e4m3 (an fp8 KV cache) go wrong by more than that (1.94 -> 1.0), so they round
+   through PyTorch too.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import triton.runtime.interpreter as interpreter
 
 _create_dot = interpreter.InterpreterBuilder.create_dot
 _cast_impl = interpreter.InterpreterBuilder.cast_impl
+_create_fp_to_fp = interpreter.InterpreterBuilder.create_fp_to_fp
 _patch_lang_tensor = interpreter._patch_lang_tensor
 
 
@@ -26,6 +29,18 @@ def _dot_bf16_as_fp32(self, a, b, d, input_precision, max_num_imprecise_acc):
             return interpreter.TensorHandle(data.view(np.float32), tl.float32)
         return x
     return _create_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+
+def _fp_to_fp_rounding_to_fp8(self, src, dst_type, rounding_mode):
+    if dst_type.scalar == tl.float8e4nv and src.dtype.scalar in (tl.float32, tl.bfloat16):
+        data = src.data
+        if src.dtype.scalar == tl.bfloat16:
+            data = interpreter._convert_float(data, tl.bfloat16, tl.float32, None).view(np.float32)
+        # saturating, as the GPU's cvt.satfinite
+        values = torch.from_numpy(np.ascontiguousarray(data)).clamp(-448.0, 448.0)
+        rounded = values.to(torch.float8_e4m3fn)
+        return interpreter.TensorHandle(rounded.view(torch.uint8).numpy(), tl.float8e4nv)
+    return _create_fp_to_fp(self, src, dst_type, rounding_mode)
 
 
 def _cast_rounding_to_bf16(self, src, dst_type):
@@ -45,4 +60,6 @@ def fix_interpreter(monkeypatch) -> None:
     """Applies the work-arounds for one test (pass pytest's ``monkeypatch``)."""
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", _dot_bf16_as_fp32)
     monkeypatch.setattr(interpreter.InterpreterBuilder, "cast_impl", _cast_rounding_to_bf16)
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_fp_to_fp",
+                        _fp_to_fp_rounding_to_fp8)
     monkeypatch.setattr(interpreter, "_patch_lang_tensor", _patch_tensor)

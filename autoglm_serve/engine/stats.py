@@ -31,6 +31,8 @@ class EngineInfo:
     kv_bytes_per_block: int
     has_encoder_cache: bool
     core_pid: int               # the process stepping the core
+    quantization: str = "none"  # the linear layers' method, in words
+    kv_cache_dtype: str = "auto"
 
     @property
     def kv_tokens(self) -> int:
@@ -60,7 +62,8 @@ def engine_info(core) -> EngineInfo:
         max_model_len=core.max_model_len, vocab_size=core.vocab_size,
         max_num_seqs=core.config.max_num_seqs, kv_blocks=cache.num_blocks,
         kv_block_size=cache.block_size, kv_bytes_per_block=cache.bytes_per_block,
-        has_encoder_cache=core.runner.encoder_cache is not None, core_pid=os.getpid())
+        has_encoder_cache=core.runner.encoder_cache is not None, core_pid=os.getpid(),
+        quantization=loaded.quantization, kv_cache_dtype=str(core.runner.kv_dtype).removeprefix("torch."))
 
 
 def core_stats(core) -> CoreStats:

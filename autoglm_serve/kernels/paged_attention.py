@@ -83,7 +83,8 @@ def _attend_range(acc, l_i, m_i, q, k_base, v_base, table_row, q_pos, lo, hi, sc
             kv_mask = n_mask[:, None]
         else:
             kv_mask = n_mask[:, None] & (d[None, :] < HEAD_DIM)
-        k = tl.load(k_base + tok[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        # an fp8 cache (--kv-cache-dtype fp8) is widened to q's dtype for the dot
+        k = tl.load(k_base + tok[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
         if CAUSAL:
             s = tl.where((n[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
@@ -95,7 +96,7 @@ def _attend_range(acc, l_i, m_i, q, k_base, v_base, table_row, q_pos, lo, hi, sc
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + tok[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + tok[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
     return acc, l_i, m_i

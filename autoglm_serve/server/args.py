@@ -121,7 +121,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     m.add_argument("--dtype", default="auto",
                    help="auto | bfloat16 | float16 | half | float32 | float")
     m.add_argument("--quantization", "-q", default=None,
-                   help="weight quantization method (none is built yet: any value is refused)")
+                   help="awq | gptq | compressed-tensors (as the checkpoint's "
+                        "quantization_config says; read from it when not given) | fp8 "
+                        "(FP8 W8A8; on a 16-bit checkpoint: quantized at load)")
     m.add_argument("--trust-remote-code", action="store_true",
                    help="accepted for vLLM compatibility; no remote code is ever run")
     m.add_argument("--revision", default=None, help="accepted for vLLM compatibility")
@@ -151,6 +153,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     e.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     e.add_argument("--kv-cache-memory-gib", type=float, default=None,
                    help="KV-cache size (default: profiled on GPU, 2 GiB on CPU)")
+    e.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"],
+                   help="fp8: the KV cache in float8 e4m3 (scale 1.0), half the bytes of bf16")
     e.add_argument("--num-gpu-blocks-override", type=int, default=None)
     e.add_argument("--block-size", type=int, default=16)
     e.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
@@ -173,6 +177,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                     help='e.g. \'{"image": 10}\'')
     mm.add_argument("--mm-processor-kwargs", type=_json_dict, default={},
                     help='e.g. \'{"max_pixels": 5000000}\'')
+    mm.add_argument("--mm-encoder-quantization", default=None, choices=["fp8"],
+                    help="fp8: the vision tower's linear layers in FP8 W8A8 (default: 16-bit, "
+                         "whatever --quantization says)")
     mm.add_argument("--mm-encoder-tp-mode", default=None,
                     help="accepted for vLLM compatibility (one GPU: no difference)")
     mm.add_argument("--mm-processor-cache-type", default=None,
@@ -224,8 +231,8 @@ def _read_chat_template(value: str | None) -> str | None:
 def _check_supported(args: argparse.Namespace) -> None:
     """Values we cannot honour stop the start, with the reason."""
     if args.quantization is not None:
-        from autoglm_serve.models.layers.linear import get_linear_method
-        get_linear_method(args.quantization)   # raises with the supported list
+        from autoglm_serve.quantization.config import check_method_name
+        check_method_name(args.quantization)   # raises with the supported list
     if args.pipeline_parallel_size != 1 or args.data_parallel_size != 1:
         raise ValueError("pipeline/data parallelism is not supported yet: this build serves "
                          "on one GPU")
@@ -271,6 +278,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         kv_cache_memory_gib=args.kv_cache_memory_gib, num_kv_blocks=args.num_gpu_blocks_override,
         seed=args.seed, enforce_eager=args.enforce_eager,
         tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype, mm_encoder_quantization=args.mm_encoder_quantization,
         attention_backend=args.attention_backend, mm_processor_kwargs=args.mm_processor_kwargs,
         limit_mm_per_prompt=args.limit_mm_per_prompt,
         chat_template=_read_chat_template(args.chat_template),

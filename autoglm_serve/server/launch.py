@@ -47,6 +47,7 @@ def startup_report(engine, settings: ServerSettings) -> list[str]:
         f"served model names: {', '.join(settings.served_model_names)}",
         f"device: {info.device}    dtype: {info.dtype}    engine core: {where}",
         f"weights: {_gib(info.weight_bytes)}    loaded in {info.load_seconds:.1f} s",
+        f"quantization: {info.quantization}    KV cache dtype: {info.kv_cache_dtype}",
         f"KV cache: {info.kv_blocks} blocks x {info.kv_block_size} tokens = {info.kv_tokens} "
         f"tokens ({_gib(info.kv_blocks * info.kv_bytes_per_block)})",
         f"max_model_len: {info.max_model_len}    maximum concurrency at max_model_len: "

@@ -107,7 +107,8 @@ class EngineCore:
         backend = select_backend(self.config.attention_backend, self.device)
         return ModelRunner(self.loaded.model, backend, self.device, self.loaded.dtype,
                            self.config.block_size, self.max_model_len, self.config.max_num_seqs,
-                           self.max_num_batched_tokens, self.vocab_size)
+                           self.max_num_batched_tokens, self.vocab_size,
+                           self.config.resolve_kv_cache_dtype(self.loaded.dtype))
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:

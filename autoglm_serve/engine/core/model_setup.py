@@ -16,6 +16,11 @@ from autoglm_serve.loader import (initialize_dummy_weights, iter_gguf_weights,
 from autoglm_serve.loader.model_path import ResolvedModel
 from autoglm_serve.models.layers.linear import get_linear_method
 from autoglm_serve.models.registry import resolve_model_class
+from autoglm_serve.quantization.checkpoint_tensors import convert_checkpoint_tensors
+from autoglm_serve.quantization.config import resolve_quant_config
+from autoglm_serve.quantization.install import (install_linear_methods,
+                                                process_weights_after_loading)
+from autoglm_serve.quantization.vision_fp8 import quantize_vision_tower
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +42,7 @@ class LoadedModel:
     dtype: torch.dtype
     weight_bytes: int
     load_seconds: float
+    quantization: str = "none"      # what the linear layers run, in words
 
 
 def resolve(config: EngineConfig) -> ResolvedModel:
@@ -80,16 +86,31 @@ def load_model(settings, device: torch.device) -> LoadedModel:
     hf_config = resolved.config
     model_cls = resolve_model_class(hf_config)
     dtype = config.resolve_dtype(text_config(hf_config), device)
-    linear_method = get_linear_method(config.quantization)
+    qconfig = resolve_quant_config(hf_config, config.quantization,
+                                   dummy=config.load_format == "dummy")
+    if qconfig is not None and resolved.format == "gguf" and not qconfig.quantize_at_load:
+        raise ValueError(f"{qconfig.method} checkpoints are safetensors, not GGUF files")
+    linear_method = get_linear_method(None if qconfig is None else qconfig.method)
     with torch.device(device):
         model = model_cls(hf_config, linear_method=linear_method, dtype=dtype)
+    if qconfig is not None:
+        install_linear_methods(model, qconfig, dtype)
     if config.load_format == "dummy":
         initialize_dummy_weights(model, seed=config.seed)
     elif resolved.format == "gguf":
         model.load_weights(iter_gguf_weights(resolved.path))
     else:
-        model.load_weights(iter_safetensors_weights(resolved.path))
+        weights = iter_safetensors_weights(resolved.path)
+        model.load_weights(weights if qconfig is None
+                           else convert_checkpoint_tensors(weights, qconfig))
+    process_weights_after_loading(model)
+    described = "none" if qconfig is None else qconfig.describe()
+    if config.mm_encoder_quantization == "fp8":
+        if not hasattr(model, "visual"):
+            raise ValueError("mm_encoder_quantization='fp8' needs a model with a vision tower")
+        quantize_vision_tower(model.visual)
+        described += "; vision tower FP8 W8A8"
     model.eval()
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     return LoadedModel(model, hf_config, resolved, device, dtype, weight_bytes,
-                       time.monotonic() - start)
+                       time.monotonic() - start, described)

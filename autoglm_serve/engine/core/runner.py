@@ -70,8 +70,10 @@ def _to_pinned_host(out: SamplerOutput) -> SamplerOutput:
 class ModelRunner:
     def __init__(self, model: nn.Module, backend: AttentionBackend, device: torch.device,
                  dtype: torch.dtype, block_size: int, max_model_len: int, max_num_seqs: int,
-                 max_num_batched_tokens: int, vocab_size: int):
+                 max_num_batched_tokens: int, vocab_size: int,
+                 kv_dtype: torch.dtype | None = None):
         self.model = model
+        self.kv_dtype = kv_dtype or dtype     # the KV cache's (fp8 with --kv-cache-dtype fp8)
         self.backend = backend
         self.device = device
         self.dtype = dtype
@@ -105,13 +107,13 @@ class ModelRunner:
         per_layer = 0
         for layer in self.attention_layers:
             per_layer += 2 * layer.num_kv_heads * self.block_size * layer.head_dim
-        return per_layer * torch.tensor([], dtype=self.dtype).element_size()
+        return per_layer * torch.tensor([], dtype=self.kv_dtype).element_size()
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         self.kv_caches = []
         for layer in self.attention_layers:
             cache = torch.zeros(2, num_blocks, layer.num_kv_heads, self.block_size, layer.head_dim,
-                                dtype=self.dtype, device=self.device)
+                                dtype=self.kv_dtype, device=self.device)
             self.kv_caches.append(cache)
         self.model.bound_runner = None
         self.bind_kv_cache()

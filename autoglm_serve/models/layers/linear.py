@@ -3,7 +3,7 @@
 Each parameter carries a ``weight_loader(param, loaded, shard_id=None)`` so checkpoints with
 separate q/k/v or gate/up tensors load into our fused parameters, and tensor parallelism only
 changes which slice a rank keeps. How the weight is stored and multiplied is a ``LinearMethod``:
-unquantized today; INT4 (W4A16) and FP8 methods plug in here. Unquantized weights are multiplied
+unquantized here; W4A16/W8A16 and FP8 methods live in autoglm_serve/quantization/. Unquantized weights are multiplied
 by the decode GEMV kernel (kernels/gemv.py) when a few rows meet them on CUDA, else by F.linear.
 """
 from __future__ import annotations
@@ -23,6 +23,9 @@ class LinearMethod:
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Called once the checkpoint (or dummy weights) is in: repack, quantize, check."""
 
     def apply_gated_silu(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
         """silu(gate) * up of a [gate; up] layer in one fused pass, or None where this method has
@@ -63,10 +66,21 @@ class UnquantizedLinearMethod(LinearMethod):
         return gemv.gated_gemv(x, layer.weight)
 
 
+class DeferredLinearMethod(LinearMethod):
+    """Creates no weights: quantization/install.py gives each layer its method, by name, once
+    the model is built (ignore lists and per-module schemes need the layer's name)."""
+
+    def create_weights(self, layer, in_features, out_features, dtype):
+        pass
+
+    def apply(self, layer, x, bias):
+        raise RuntimeError("this linear layer was never given its quantization method")
+
+
 def get_linear_method(quantization: str | None) -> LinearMethod:
-    if quantization is None:
-        return UnquantizedLinearMethod()
-    raise ValueError(f"quantization={quantization!r} is not supported yet (supported: none)")
+    """The method of every linear layer before quantization/install.py refines it per layer
+    (``quantization``: a method quantization/config.py has already checked)."""
+    return UnquantizedLinearMethod() if quantization is None else DeferredLinearMethod()
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
@@ -82,14 +96,24 @@ class LinearBase(nn.Module):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        self.linear_method = linear_method or UnquantizedLinearMethod()
-        self.linear_method.create_weights(self, in_features, out_features, dtype)
-        self.weight.weight_loader = self.weight_loader
+        self.params_dtype = dtype
+        self.set_linear_method(linear_method or UnquantizedLinearMethod())
         if bias:
             self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
+
+    def set_linear_method(self, method: LinearMethod) -> None:
+        """(Re)creates the weights as ``method`` stores them; the bias is kept."""
+        for name, _ in list(self.named_parameters(recurse=False)):
+            if name != "bias":
+                delattr(self, name)
+        self.linear_method = method
+        method.create_weights(self, self.in_features, self.out_features, self.params_dtype)
+        for name, param in self.named_parameters(recurse=False):
+            if name != "bias" and not hasattr(param, "weight_loader"):
+                param.weight_loader = self.weight_loader
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_method.apply(self, x, self.bias)

@@ -16,6 +16,8 @@ def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
         k, v, slot_mapping = k[valid], v[valid], slot_mapping[valid]
     blocks = slot_mapping // block_size
     offsets = slot_mapping % block_size
+    if kv_cache.dtype == torch.float8_e4m3fn:   # saturate, as the GPU's cast does: not NaN
+        k, v = k.clamp(-448.0, 448.0), v.clamp(-448.0, 448.0)
     kv_cache[0, blocks, :, offsets] = k.to(kv_cache.dtype)
     kv_cache[1, blocks, :, offsets] = v.to(kv_cache.dtype)
 

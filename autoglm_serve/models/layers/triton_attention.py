@@ -125,7 +125,8 @@ class TritonAttentionBackend(AttentionBackend):
                                   num_seqs=meta.num_seqs - nd, max_query_len=meta.max_query_len)
             for seq, start, end in dense or ():
                 keys, values = gather_kv(kv_cache, meta.block_tables[seq], end - start)
-                heads = [t.transpose(0, 1).unsqueeze(0) for t in (q[start:end], keys, values)]
+                heads = [t.to(q.dtype).transpose(0, 1).unsqueeze(0)
+                         for t in (q[start:end], keys, values)]
                 out[start:end] = F.scaled_dot_product_attention(
                     *heads, is_causal=True, scale=scale, enable_gqa=True)[0].transpose(0, 1)
         return out

@@ -1,0 +1,69 @@
+"""FP8 W8A8 linear method: e4m3 weights with one float32 scale per output channel, activations
+quantized per token at run time (dynamic: scale = row amax / 448), multiplied by
+``torch._scaled_mm`` with row-wise scales (on CUDA; PyTorch's CPU build runs the same op, so
+CI exercises the same numerics).
+
+From a compressed-tensors float-quantized checkpoint the e4m3 weight and its scale load as they
+are; with ``quantize_at_load`` (``--quantization fp8`` on a 16-bit checkpoint) the layer loads
+the 16-bit weight and quantizes it once all of it is there. Each step is a fixed sequence of
+kernels on fixed shapes (amax, divide, cast, scaled GEMM): no host syncs, CUDA-graph safe.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from autoglm_serve.models.layers.linear import LinearMethod
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max
+_MIN_SCALE = 1e-12
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[R, C] -> (e4m3 [R, C], float32 scale [R, 1]) with x ~= q * scale, per row."""
+    amax = x.abs().amax(dim=-1, keepdim=True).to(torch.float32)
+    scale = (amax / FP8_MAX).clamp_min(_MIN_SCALE)
+    q = (x.to(torch.float32) / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return q, scale
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+               bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., K] (16/32-bit), weight e4m3 [N, K], weight_scale float32 [N] -> [..., N]."""
+    shape = x.shape
+    xq, x_scale = quantize_rows(x.reshape(-1, shape[-1]))
+    out = torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=weight_scale.view(1, -1),
+                           out_dtype=x.dtype)
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*shape[:-1], weight.shape[0])
+
+
+class Fp8LinearMethod(LinearMethod):
+    def __init__(self, quantize_at_load: bool, params_dtype: torch.dtype):
+        self.quantize_at_load = quantize_at_load
+        self.params_dtype = params_dtype
+
+    def create_weights(self, layer, in_features, out_features, dtype):
+        if in_features % 16 or out_features % 16:
+            raise ValueError(f"FP8 GEMMs need sizes that are multiples of 16, not "
+                             f"{out_features} x {in_features}")
+        wdtype = self.params_dtype if self.quantize_at_load else FP8
+        layer.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=wdtype),
+                                    requires_grad=False)
+        if not self.quantize_at_load:
+            # 1-D so the row-parallel loader keeps it whole (a per-output-channel quantity)
+            layer.weight_scale = nn.Parameter(torch.empty(out_features, dtype=torch.float32),
+                                              requires_grad=False)
+
+    def process_weights_after_loading(self, layer) -> None:
+        if self.quantize_at_load:
+            q, scale = quantize_rows(layer.weight.data)
+            layer.weight = nn.Parameter(q, requires_grad=False)
+            layer.weight_scale = nn.Parameter(scale.view(-1), requires_grad=False)
+        elif not bool(torch.isfinite(layer.weight_scale.data).all()):
+            raise ValueError("FP8 weight scales are not finite")
+
+    def apply(self, layer, x, bias):
+        return fp8_linear(x, layer.weight, layer.weight_scale, bias)

@@ -1,0 +1,139 @@
+"""The W4A16/W8A16 Triton kernel (kernels/wna16.py) against dequantize-then-matmul, and the FP8
+GEMM against the product of its dequantized operands: on CPU in the Triton interpreter at small
+shapes that span partial tiles and every group size, on CUDA at AutoGLM-Phone-9B's shapes and
+inside a CUDA graph."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+triton = pytest.importorskip("triton")
+from autoglm_serve.kernels.wna16 import WNA16Config, select_config, wna16_linear  # noqa: E402
+from autoglm_serve.quantization.fp8 import fp8_linear, quantize_rows  # noqa: E402
+from autoglm_serve.quantization.packing import pack_last_dim  # noqa: E402
+from autoglm_serve.quantization.wna16 import dequantize  # noqa: E402
+from triton_interpreter_fixes import fix_interpreter  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and not triton.knobs.runtime.interpret:
+    pytest.skip("no GPU and triton not in interpreter mode", allow_module_level=True)
+
+
+@pytest.fixture(autouse=True)
+def interpreter_fixes(monkeypatch):
+    if DEVICE == "cpu":
+        fix_interpreter(monkeypatch)
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def random_quantized(n, k, bits, group, zeros, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 1 << bits, (n, k), generator=g)
+    scales = (torch.rand(n, k // group, generator=g) * 0.02 + 0.001).to(dtype)
+    z = torch.randint(0, 1 << bits, (n, k // group), generator=g, dtype=torch.uint8) if zeros else None
+    to = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
+    return to(pack_last_dim(q, bits)), to(scales), to(z)
+
+
+def check(m, n, k, bits, group, zeros, dtype, bias, config=None):
+    qw, s, z = random_quantized(n, k, bits, group, zeros, dtype)
+    x = torch.randn(m, k, dtype=dtype, device=DEVICE)
+    b = torch.randn(n, dtype=dtype, device=DEVICE) if bias else None
+    out = wna16_linear(x, qw, s, z, bits, group, b, config)
+    ref = F.linear(x.float(), dequantize(qw, s, z, bits, torch.float32), None if b is None else b.float())
+    assert out.shape == (m, n) and out.dtype == dtype
+    assert rel(out, ref) < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+# N = 40 (a partial tile), K = 256 spanning several K tiles. A K tile inside one group takes the
+# one-scale-per-tile path; a tile of whole groups (BLOCK_K 64/128 against group 32 or 64) the
+# broadcast path; the test after this one the per-element path (neither divides the other).
+CONFIGS = [WNA16Config(16, 32, 32), WNA16Config(32, 16, 64), WNA16Config(16, 16, 128)]
+
+
+@pytest.mark.parametrize("group", [32, 64, 128, 256])
+@pytest.mark.parametrize("bits,zeros", [(4, False), (4, True), (8, True)])
+@pytest.mark.parametrize("m", [1, 37])
+def test_kernel_matches_dequantized_matmul(group, bits, zeros, m):
+    for cfg in CONFIGS:
+        check(m, 40, 256, bits, group, zeros, torch.float32, bias=m == 37, config=cfg)
+
+
+def test_kernel_where_tiles_and_groups_do_not_nest():
+    check(3, 40, 192, 4, 96, True, torch.float32, bias=False, config=WNA16Config(16, 16, 64))
+
+
+@pytest.mark.parametrize("m", [1, 20])
+def test_kernel_in_bf16_with_default_configs(m):
+    check(m, 48, 256, 4, 128, True, torch.bfloat16, bias=True)
+
+
+def test_default_configs_keep_k_tiles_inside_groups():
+    for m in (1, 16, 64, 4096):
+        for group in (32, 64, 128, 4096, 13696):
+            bk = select_config(m, 4096, 13696, group).block_k
+            assert group % bk == 0 or bk % group == 0
+
+
+def test_fp8_gemm_is_exact_against_its_dequantized_operands():
+    x = torch.randn(5, 64, device=DEVICE)
+    w = torch.randn(48, 64, device=DEVICE) * 0.1
+    wq, ws = quantize_rows(w)
+    xq, xs = quantize_rows(x)
+    out = fp8_linear(x, wq, ws.view(-1), None)
+    assert rel(out, F.linear(xq.float() * xs, wq.float() * ws)) < 1e-5
+    assert 1e-3 < rel(out, F.linear(x, w)) < 0.1     # and e4m3 is an approximation
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", [(4608, 4096), (4096, 4096), (27392, 4096), (4096, 13696)])
+@pytest.mark.parametrize("m", [1, 8, 256])
+def test_kernel_at_model_shapes_on_cuda(n, k, m):
+    check(m, n, k, 4, 128, True, torch.bfloat16, bias=n == 4608)
+
+
+@pytest.mark.gpu
+def test_kernel_inside_a_cuda_graph():
+    qw, s, z = random_quantized(4096, 4096, 4, 128, True, torch.bfloat16)
+    x = torch.randn(4, 4096, dtype=torch.bfloat16, device=DEVICE)
+    eager = wna16_linear(x, qw, s, z, 4, 128)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = wna16_linear(x, qw, s, z, 4, 128)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert rel(out, wna16_linear(x, qw, s, z, 4, 128)) < 1e-6 and rel(out, eager) > 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", [(4608, 4096), (27392, 4096), (4096, 13696)])
+@pytest.mark.parametrize("m", [1, 256])
+def test_fp8_gemm_at_model_shapes_and_in_a_cuda_graph(n, k, m):
+    w = torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16) * 0.02
+    wq, ws = quantize_rows(w)
+    x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
+    xq, xs = quantize_rows(x)
+    ref = F.linear(xq.float() * xs, wq.float() * ws)
+    assert rel(fp8_linear(x, wq, ws.view(-1), None), ref) < 1e-2
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fp8_linear(x, wq, ws.view(-1), None)
+    graph.replay()
+    assert rel(out, ref) < 1e-2
+
+
+@pytest.mark.gpu
+def test_engine_serves_w4a16_and_fp8_dummy_autoglm_with_cuda_graphs():
+    from autoglm_serve import LLM, SamplingParams
+    for method in ("compressed-tensors", "fp8"):
+        llm = LLM("autoglm-phone-9b", load_format="dummy", quantization=method,
+                  skip_tokenizer_init=True, max_model_len=2048, max_num_seqs=8,
+                  kv_cache_dtype="fp8" if method == "fp8" else "auto")
+        out = llm.generate([[1000 + i for i in range(64)]],
+                           SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+        assert len(out[0].outputs[0].token_ids) == 16
+        assert llm.engine.core.runner.graphs is not None
+        del llm
+        torch.cuda.empty_cache()
