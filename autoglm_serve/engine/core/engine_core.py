@@ -69,6 +69,7 @@ def select_backend(name: str, device: torch.device) -> AttentionBackend:
 class EngineCore:
     def __init__(self, settings: EngineSettings, loaded: LoadedModel | None = None):
         config = self.config = settings.config
+        self.settings = settings
         self.device = config.resolve_device()
         self.loaded = loaded or load_model(settings, self.device)
         self.max_model_len = settings.max_model_len
@@ -87,6 +88,7 @@ class EngineCore:
         self.isolation = FaultIsolation(self.max_num_batched_tokens, self.runner.release_memory)
         self._failed: list[CoreOutput] = []     # requests failed outside a step's outputs
         self.requests: dict[str, Request] = {}
+        self._grammars = None       # the structured-output backend, made at its first use
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
         if self.device.type == "cuda":
@@ -117,6 +119,9 @@ class EngineCore:
             if request.seed is not None and request.generator is None:
                 # made here, on the logits' device: the front-end may have no access to it
                 request.generator = make_generator(request.seed, self.device)
+            spec = request.sampling_params.structured
+            if spec is not None and request.grammar is None:
+                request.grammar = self.grammars.matcher(spec, request.stop_ids)
         except Exception as exc:
             if is_fatal(exc):
                 raise
@@ -128,6 +133,16 @@ class EngineCore:
         self.requests[request.request_id] = request
         self.scheduler.add(request)
         self.num_prompt_tokens_total += request.num_prompt_tokens
+
+    @property
+    def grammars(self):
+        """The grammar backend over this model's vocabulary (its tokenizer loaded once)."""
+        if self._grammars is None:
+            from autoglm_serve.engine.frontend.frontend import load_engine_tokenizer
+            from autoglm_serve.structured.backend import XGrammarBackend
+            self._grammars = XGrammarBackend(load_engine_tokenizer(self.settings),
+                                             self.vocab_size, ())
+        return self._grammars
 
     def abort(self, request_ids) -> list[str]:
         aborted = []

@@ -20,6 +20,7 @@ from autoglm_serve.engine.core.request import Request
 from autoglm_serve.engine.core.sampler import Sampler, SamplerOutput, SamplingRow
 from autoglm_serve.engine.core.scheduler import ScheduledRequest
 from autoglm_serve.host_transfer import to_device
+from autoglm_serve.structured.bitmask import fill_step_bitmask
 from autoglm_serve.models.layers.attention import Attention, AttentionBackend, AttentionMetadata
 from autoglm_serve.multimodal.encoder_cache import EncoderCache
 
@@ -88,6 +89,8 @@ class ModelRunner:
         self.block_table: BlockTable | None = None      # the KV manager's, set by the core
         self._prev_tokens: torch.Tensor | None = None   # the last launched step's samples
         self._prev_rows: dict[str, int] = {}
+        self._prev_host: torch.Tensor | None = None     # ...on their way to the host
+        self._prev_done: torch.cuda.Event | None = None
         self.faults = FaultInjector.from_env()      # None unless a test asks for faults
 
     # ---- KV cache -------------------------------------------------------------------------
@@ -205,13 +208,18 @@ class ModelRunner:
         sampling = hb.sampling
         if self.logits_hook is not None:
             self.logits_hook(sampling, logits)
+        # Structured rows: their bitmasks are filled here, while the device runs the forward
+        # just queued (and, on the async path, the step before it ends)
+        bitmask = fill_step_bitmask(sampling, logits.shape[-1], self._inflight_token)
         out = None
         if all(_plain_greedy(r) for r in sampling):
             # the common agent/benchmark case: no per-row tensors to build, one argmax
             tokens = logits.argmax(dim=-1)
         else:
             rows = [SamplingRow(r.sampling_params, r.prompt_token_ids, r.output_token_ids,
-                                r.generator, r.eos_token_ids) for r in sampling]
+                                r.generator, r.eos_token_ids,
+                                bitmask[i] if bitmask is not None else None)
+                    for i, r in enumerate(sampling)]
             out = self.sampler.sample(logits, rows)
             tokens = out.sampled_token_ids
         self._prev_tokens = tokens
@@ -224,8 +232,16 @@ class ModelRunner:
             done.record()
         else:
             host = tokens
+        self._prev_host, self._prev_done = host, done
         return InFlightStep(sampling, host, done, out,
                             any(_needs_fresh_outputs(r) for r in sampling))
+
+    def _inflight_token(self, req: Request) -> int:
+        """The token the step in flight sampled for req (waits for its copy to the host;
+        the device meanwhile runs the forward queued after it)."""
+        if self._prev_done is not None:
+            self._prev_done.synchronize()
+        return int(self._prev_host[self._prev_rows[req.request_id]])
 
     def _pinned_tokens(self, n: int) -> torch.Tensor:
         """A fresh pinned buffer per step: the previous step's may still be read."""
