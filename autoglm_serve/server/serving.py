@@ -22,6 +22,7 @@ from autoglm_serve.server.args import ServerSettings
 from autoglm_serve.server.errors import OpenAIError, bad_request, model_not_found, sampling_error
 from autoglm_serve.server.metrics import ServerMetrics
 from autoglm_serve.server.protocol import _SamplingFields
+from autoglm_serve.structured.spec import StructuredSpec
 
 # Prompts longer than this (characters) are tokenized on a worker thread, so one large prompt
 # does not stall every other stream on the event loop; short ones are cheaper inline.
@@ -59,8 +60,8 @@ class Serving:
         return requested
 
     def sampling_params(self, req: _SamplingFields, *, max_tokens: int | None,
-                        logprobs: int | None, renames: dict[str, str] | None = None
-                        ) -> SamplingParams:
+                        logprobs: int | None, renames: dict[str, str] | None = None,
+                        structured: StructuredSpec | None = None) -> SamplingParams:
         """The request's fields over the model's generation_config.json defaults."""
         if req.n > self.settings.max_n:
             raise bad_request(f"n must be at most {self.settings.max_n} on this server "
@@ -77,7 +78,9 @@ class Serving:
                 max_tokens=max_tokens, min_tokens=req.min_tokens, ignore_eos=req.ignore_eos,
                 logprobs=logprobs, skip_special_tokens=req.skip_special_tokens,
                 spaces_between_special_tokens=req.spaces_between_special_tokens,
-                include_stop_str_in_output=req.include_stop_str_in_output, **values)
+                include_stop_str_in_output=req.include_stop_str_in_output,
+                logit_bias={int(k): float(v) for k, v in (req.logit_bias or {}).items()},
+                structured=structured, **values)
         except (ValueError, TypeError) as exc:
             raise sampling_error(ValueError(str(exc)), renames) from exc
 
