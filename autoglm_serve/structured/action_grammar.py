@@ -9,7 +9,7 @@ final `")`. Coordinates are relative, 0..999.
 
 The grammar makes every answer parse under those rules: one action of the known set with its
 arguments, integers without leading zeros (Python literals) in 0..999, and strings without
-`"`, `\\`, `<`, `=` or newlines, so no string can end the literal early, hold a second
+`"`, `\\`, `<`, `=` or control characters (a NUL is no Python source), so no string can end the literal early, hold a second
 `do(action=` that the client would split at, or close a tag. The <think> text is free but for
 `<` and `=` (it must not contain `</think>` or the client's markers). </answer> is one of
 GLM-4.1V's EOS ids: after the action only a stop token can follow.
@@ -60,7 +60,7 @@ def action_ebnf(max_text_chars: int | None = None) -> str:
         f'root ::= {_lit("<think>")} think {_lit("</think><answer>")} action',
         f"think ::= [^<=]{rep}",
         "action ::= " + " | ".join(f"({a})" for a in alternatives),
-        f'string ::= "\\"" [^"\\\\<=\\n\\r]{rep} "\\""',
+        f'string ::= "\\"" [^"\\\\<=\\x00-\\x1f\\x7f]{rep} "\\""',
         'point ::= "[" coord ", " coord "]"',
         'coord ::= "0" | [1-9] [0-9]? [0-9]?',
     ])
