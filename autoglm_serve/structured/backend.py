@@ -90,5 +90,8 @@ class XGrammarBackend:
     def matcher(self, spec: StructuredSpec, stop_token_ids: Iterable[int]) -> RowMatcher:
         """stop_token_ids: the request's own (EOS unless ignore_eos, its stop_token_ids):
         the tokens that may end it once the grammar is complete."""
+        stops = sorted(stop_token_ids)
+        # no stop token (ignore_eos): the grammar ends by itself, then the row runs free
         return RowMatcher(xgr.GrammarMatcher(self.compile(spec),
-                                             override_stop_tokens=sorted(stop_token_ids)))
+                                             override_stop_tokens=stops or None,
+                                             terminate_without_stop_token=not stops))

@@ -39,8 +39,12 @@ class RowMatcher:
         """bitmask[row] = the tokens allowed next (all, once it terminated or failed)."""
         if self.failed or self._m.is_terminated():
             bitmask[row].fill_(-1)
-        else:
-            self._m.fill_next_token_bitmask(bitmask, row)
+            return
+        self._m.fill_next_token_bitmask(bitmask, row)
+        if not bitmask[row].any():
+            # complete, and the request has no stop token to end it (ignore_eos): the
+            # grammar has nothing more to say, rather than a row of -inf logits
+            bitmask[row].fill_(-1)
 
     @property
     def terminated(self) -> bool:
