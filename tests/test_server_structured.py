@@ -188,6 +188,32 @@ def test_echo(client):
                                   echo=True)
     plain = client.completions.create(model=M, prompt="Echo me", max_tokens=3, temperature=0)
     assert r.choices[0].text == "Echo me" + plain.choices[0].text
-    with pytest.raises(openai.BadRequestError):
-        client.completions.create(model=M, prompt="Echo me", max_tokens=3, echo=True,
-                                  logprobs=1)
+
+
+def test_echo_logprobs_are_the_models(client, server):
+    """Each echoed prompt token's logprob is the one the model gives it as the next token of
+    the prompt before it (a 1-token completion of that prefix, with its top logprobs)."""
+    ids = httpx.post(server.url("/tokenize"), json={"prompt": "The cat sat on the mat"},
+                     timeout=30).json()["tokens"]
+    r = client.completions.create(model=M, prompt=ids, max_tokens=2, temperature=0,
+                                  echo=True, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(ids) + 2
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(isinstance(v, float) for v in lp.token_logprobs[1:])
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+    assert "".join(lp.tokens) == r.choices[0].text
+    for i in (1, len(ids) // 2, len(ids) - 1):
+        prefix = client.completions.create(model=M, prompt=ids[:i], max_tokens=1,
+                                           temperature=0, logprobs=20,
+                                           logit_bias={str(ids[i]): 100})
+        # forced to the prompt's next token: its sampled logprob is the raw one
+        assert prefix.choices[0].logprobs.token_logprobs[0] == pytest.approx(
+            lp.token_logprobs[i], abs=2e-3)
+    stream = list(client.completions.create(model=M, prompt=ids, max_tokens=2, temperature=0,
+                                            echo=True, logprobs=3, stream=True))
+    text = "".join(c.choices[0].text for c in stream if c.choices)
+    assert text == r.choices[0].text
+    streamed = [v for c in stream if c.choices and c.choices[0].logprobs
+                for v in c.choices[0].logprobs.token_logprobs]
+    assert streamed[1:] == pytest.approx(lp.token_logprobs[1:], abs=2e-3)

@@ -61,7 +61,8 @@ class Serving:
 
     def sampling_params(self, req: _SamplingFields, *, max_tokens: int | None,
                         logprobs: int | None, renames: dict[str, str] | None = None,
-                        structured: StructuredSpec | None = None) -> SamplingParams:
+                        structured: StructuredSpec | None = None,
+                        prompt_logprobs: int | None = None) -> SamplingParams:
         """The request's fields over the model's generation_config.json defaults."""
         if req.n > self.settings.max_n:
             raise bad_request(f"n must be at most {self.settings.max_n} on this server "
@@ -80,7 +81,7 @@ class Serving:
                 spaces_between_special_tokens=req.spaces_between_special_tokens,
                 include_stop_str_in_output=req.include_stop_str_in_output,
                 logit_bias={int(k): float(v) for k, v in (req.logit_bias or {}).items()},
-                structured=structured, **values)
+                structured=structured, prompt_logprobs=prompt_logprobs, **values)
         except (ValueError, TypeError) as exc:
             raise sampling_error(ValueError(str(exc)), renames) from exc
 
@@ -196,6 +197,8 @@ class RequestStream:
         self.metrics = metrics
         self.admission = admission
         self.num_prompt_tokens = num_prompt_tokens
+        self.prompt_token_ids = first.prompt_token_ids
+        self.prompt_logprobs = first.prompt_logprobs   # asked for: from the first output on
         self.num_output_tokens = 0
         self.finish_reason: str | None = None
         self._last = time.monotonic()

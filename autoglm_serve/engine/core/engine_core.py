@@ -13,6 +13,7 @@ import torch
 
 from autoglm_serve.engine.core.fault_isolation import FaultIsolation, is_fatal
 from autoglm_serve.engine.core.kv_cache import KVCacheManager
+from autoglm_serve.engine.core.prompt_logprobs import land_prompt_logprobs
 from autoglm_serve.engine.core.memory_plan import size_kv_cache
 from autoglm_serve.engine.core.model_setup import LoadedModel, load_model
 from autoglm_serve.engine.core.request import Request, RequestStatus
@@ -47,13 +48,15 @@ class CoreOutput:
     first_scheduled_time: float | None = None
     num_preemptions: int = 0
     error: RequestError | None = None   # with finish_reason "error": why it was failed
+    prompt_logprobs: list[TokenLogprobs] | None = None   # on the first output, when asked
 
     def __reduce__(self):
         # a tuple, not the instance dict: several times cheaper to pickle, and a server core
         # process sends one of these per running request per step
         return CoreOutput, (self.request_id, self.new_token_ids, self.logprobs,
                             self.finish_reason, self.stop_reason, self.num_cached_tokens,
-                            self.first_scheduled_time, self.num_preemptions, self.error)
+                            self.first_scheduled_time, self.num_preemptions, self.error,
+                            self.prompt_logprobs)
 
 
 def select_backend(name: str, device: torch.device) -> AttentionBackend:
@@ -131,6 +134,8 @@ class EngineCore:
                 f"the engine could not take this request ({type(exc).__name__}: {exc})")))
             return
         self.requests[request.request_id] = request
+        if request.sampling_params.prompt_logprobs is not None:
+            self.runner.prompt_logprob_ids.add(request.request_id)
         self.scheduler.add(request)
         self.num_prompt_tokens_total += request.num_prompt_tokens
 
@@ -149,6 +154,7 @@ class EngineCore:
         for rid in request_ids:
             req = self.requests.pop(rid, None)
             if req is not None:
+                self.runner.prompt_logprob_ids.discard(rid)
                 self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
                 aborted.append(rid)
         return aborted
@@ -168,6 +174,7 @@ class EngineCore:
 
     def _fail(self, req: Request, error: RequestError) -> None:
         self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
+        self.runner.prompt_logprob_ids.discard(req.request_id)
         self.requests.pop(req.request_id, None)
         self._failed.append(CoreOutput(req.request_id, [], None, "error", error=error))
 
@@ -223,6 +230,8 @@ class EngineCore:
 
     def _complete(self, step: InFlightStep) -> list[CoreOutput]:
         result = step.result()
+        if step.prompt_logprobs:
+            land_prompt_logprobs(step.prompt_logprobs, TokenLogprobs)
         logprobs = _split_logprobs(result.sampler_output, result.requests)
         outputs = []
         for i, (req, token) in enumerate(zip(result.requests, result.sampled)):
@@ -238,12 +247,15 @@ class EngineCore:
                 self.scheduler.finish(req, finish)
                 self.requests.pop(req.request_id, None)
             first = len(req.output_token_ids) == 1
+            if first:
+                self.runner.prompt_logprob_ids.discard(req.request_id)
             outputs.append(CoreOutput(req.request_id, [token],
                                       [logprobs[i]] if logprobs is not None else None,
                                       finish.value if finish is not None else None, stop_token,
                                       req.num_cached_tokens if first else None,
                                       req.first_scheduled_time if first else None,
-                                      req.num_preemptions))
+                                      req.num_preemptions,
+                                      prompt_logprobs=req.prompt_logprobs if first else None))
         self.num_generation_tokens_total += len(outputs)
         return outputs
 

@@ -43,6 +43,8 @@ class Request:
     seed: int | None = None              # the core makes the generator from it, on its device
     generator: torch.Generator | None = None
     grammar: RowMatcher | None = None    # structured output: made by the core
+    # prompt_logprobs: one entry per prompt token from the second on, as chunks compute them
+    prompt_logprobs: list | None = None
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)

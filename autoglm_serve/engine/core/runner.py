@@ -16,6 +16,7 @@ from autoglm_serve.engine.core.fault_injection import FaultInjector
 from autoglm_serve.engine.core.image_embedding import embed_images
 from autoglm_serve.engine.core.input_batch import HostBatch, build_host_batch
 from autoglm_serve.engine.core.kv_cache import BlockTable
+from autoglm_serve.engine.core.prompt_logprobs import PromptLogprobChunk, prompt_logprob_chunks
 from autoglm_serve.engine.core.request import Request
 from autoglm_serve.engine.core.sampler import Sampler, SamplerOutput, SamplingRow
 from autoglm_serve.engine.core.scheduler import ScheduledRequest
@@ -42,6 +43,7 @@ class InFlightStep:
     done: torch.cuda.Event | None
     sampler_output: SamplerOutput | None
     needs_sync: bool                 # some row needs the next step to see this one's tokens
+    prompt_logprobs: list[PromptLogprobChunk] | None = None
 
     def result(self) -> StepResult:
         if self.done is not None:
@@ -92,6 +94,9 @@ class ModelRunner:
         self._prev_host: torch.Tensor | None = None     # ...on their way to the host
         self._prev_done: torch.cuda.Event | None = None
         self.faults = FaultInjector.from_env()      # None unless a test asks for faults
+        # requests whose prompt logprobs are still to compute (the core keeps it)
+        self.prompt_logprob_ids: set[str] = set()
+        self._prompt_chunks: list[PromptLogprobChunk] = []
 
     # ---- KV cache -------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:
@@ -163,8 +168,9 @@ class ModelRunner:
 
     def _logits(self, hb: HostBatch) -> torch.Tensor | None:
         n = len(hb.batch)
+        self._prompt_chunks = []
         if (self.graphs is not None and hb.num_decodes == n and n <= self.graphs.max_size
-                and not hb.has_images):
+                and not hb.has_images and not self.prompt_logprob_ids):
             self.graphs.load(n, hb.input_ids, hb.positions, hb.slot_mapping, hb.seq_lens,
                              hb.block_tables)
             self._feed(self.graphs.input_ids, hb)
@@ -174,6 +180,9 @@ class ModelRunner:
         inputs_embeds = embed_images(self.model, self.encoder_cache, hb.batch, ids) \
             if hb.has_images and self.encoder_cache is not None else None
         hidden = self.model(ids, pos, meta, inputs_embeds=inputs_embeds)
+        if self.prompt_logprob_ids:
+            self._prompt_chunks = prompt_logprob_chunks(
+                self.model, hidden, hb.batch, hb.query_start, self.prompt_logprob_ids)
         if not hb.sampling:
             return None
         return self.model.compute_logits(hidden[logits_index])
@@ -203,8 +212,9 @@ class ModelRunner:
             self.faults.check(scheduled)
         hb = self.prepare_host(scheduled)
         logits = self._logits(hb)
+        chunks = self._prompt_chunks or None
         if logits is None:
-            return InFlightStep([], None, None, None, False)
+            return InFlightStep([], None, None, None, chunks is not None, chunks)
         sampling = hb.sampling
         if self.logits_hook is not None:
             self.logits_hook(sampling, logits)
@@ -234,7 +244,8 @@ class ModelRunner:
             host = tokens
         self._prev_host, self._prev_done = host, done
         return InFlightStep(sampling, host, done, out,
-                            any(_needs_fresh_outputs(r) for r in sampling))
+                            chunks is not None or any(_needs_fresh_outputs(r) for r in sampling),
+                            chunks)
 
     def _inflight_token(self, req: Request) -> int:
         """The token the step in flight sampled for req (waits for its copy to the host;
