@@ -6,7 +6,6 @@ import json
 
 import httpx
 import jsonschema
-import openai
 import pytest
 from openai import OpenAI
 from openai.types.chat import ChatCompletionMessageToolCall
