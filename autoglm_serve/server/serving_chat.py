@@ -231,12 +231,14 @@ class ChatHandler:
 
 class _ToolStream:
     """One choice's content deltas under a tool mode: passed on as they come (no tools), as
-    argument fragments of one call (a named function), or held until the end and sent as
-    whole tool calls (required, auto: the reply must be complete to be parsed)."""
+    argument fragments of one call (a named function), held until the end and sent as whole
+    calls (required: the reply is one JSON list), or passed on up to where the family's
+    tool-call marker begins, the rest held until the end decides (auto)."""
 
     def __init__(self, mode: ToolMode):
         self.mode = mode
-        self.held: list[str] = []
+        self.text = ""          # all content so far
+        self.sent = 0           # how much of it went out as content
         self.called = False
 
     def feed(self, text: str) -> dict:
@@ -248,17 +250,36 @@ class _ToolStream:
                 self.called = True
                 return {"tool_calls": [ToolCall(self.mode.name, text).to_openai(0)]}
             return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}
-        self.held.append(text)
+        self.text += text
+        if kind == "auto":
+            marker = self.mode.parser.start_marker
+            at = self.text.find(marker, self.sent)
+            end = at if at >= 0 else len(self.text) - _partial_suffix(self.text, marker)
+            if at < 0 and end > self.sent:
+                out, self.sent = self.text[self.sent:end], end
+                return {"content": out}
         return {}
 
     def finish(self) -> dict:
         if self.mode.kind in ("none", "named"):
             return {}
-        content, calls = self.mode.calls("".join(self.held))
+        content, calls = self.mode.calls(self.text)
         out: dict = {}
-        if content:
-            out["content"] = content
         if calls:
             self.called = True
             out["tool_calls"] = [c.to_openai(i) for i, c in enumerate(calls)]
+            rest = (content or "")[self.sent:] if (content or "").startswith(
+                self.text[:self.sent]) else ""
+        else:
+            rest = self.text[self.sent:]
+        if rest.strip():
+            out["content"] = rest
         return out
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest end of text that could begin marker (held back)."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:k]):
+            return k
+    return 0

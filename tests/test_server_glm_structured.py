@@ -1,10 +1,11 @@
-"""Open-AutoGLM's action grammar on a tiny random GLM-4.1V through the real server: sampled at
-temperature 1, every answer parses under Open-AutoGLM's own rules (reimplemented below from
-phone_agent/model/client.py and phone_agent/actions/handler.py), and the response carries the
-parsed action beside the text."""
+"""A tiny random GLM-4.1V through the real server: Open-AutoGLM's action grammar (sampled at
+temperature 1, every answer parses under Open-AutoGLM's own rules, reimplemented below from
+phone_agent/model/client.py and phone_agent/actions/handler.py, and the response carries the
+parsed action beside the text), and GLM's tool-call format read back under tool_choice auto."""
 from __future__ import annotations
 
 import ast
+import json
 
 import pytest
 from openai import OpenAI
@@ -68,7 +69,8 @@ def check_action(action: dict) -> None:
 def server(tmp_path_factory):
     model = make_tiny_glm4v(tmp_path_factory.mktemp("tiny-glm4v"))
     yield from server_fixture([str(model), "--served-model-name", MODEL, "--max-model-len",
-                               "1024", "--default-structured-grammar", "autoglm_action"])
+                               "1024", "--default-structured-grammar", "autoglm_action",
+                               "--enable-auto-tool-choice", "--tool-call-parser", "glm45"])
 
 
 def test_hundred_sampled_answers_parse(server):
@@ -100,3 +102,32 @@ def test_server_default_grammar(server):
     assert text.startswith("<think>"), text
     thinking = text[len("<think>"):].split("</think>", 1)[0]
     assert "<" not in thinking and "=" not in thinking, text
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}
+GLM_CALL = ("Checking.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
+            "<arg_value>Beijing</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n"
+            "</tool_call>")
+
+
+def test_auto_tool_calls_in_glm_format(server):
+    """tool_choice auto (the default with tools on this server): the reply, forced here to a
+    GLM-format call by a one-option choice, comes back as a tool call, streamed or not."""
+    client = OpenAI(base_url=server.url("/v1"), api_key="EMPTY", max_retries=0)
+    kw = dict(model=MODEL, messages=MESSAGES, tools=[WEATHER], max_tokens=200,
+              extra_body={"guided_choice": [GLM_CALL]})
+    r = client.chat.completions.create(**kw)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "Checking."
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Beijing", "days": 3}
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert content.strip() == "Checking." and "<tool_call>" not in content
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == \
+        [("get_weather", {"city": "Beijing", "days": 3})]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
