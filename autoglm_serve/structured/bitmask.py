@@ -10,17 +10,20 @@ from autoglm_serve.structured.matcher import bitmask_width
 
 
 def fill_step_bitmask(requests: Sequence, vocab_size: int,
-                      inflight_token: Callable[[object], int]) -> torch.Tensor | None:
+                      inflight_token: Callable[[object], int], pin: bool = False
+                      ) -> torch.Tensor | None:
     """[len(requests), W] int32 on the host, bit t of a row set when token t may come next
     (-1: every token, for rows without a grammar); None when no row has one.
 
     A row's matcher first takes the tokens it has not seen: those landed, then the one still
     in flight from the previous step (inflight_token reads it, waiting for that step's copy).
+    pin: in pinned memory, so that its copy to the device is queued, not waited for.
     """
     rows = [i for i, r in enumerate(requests) if r.grammar is not None]
     if not rows:
         return None
-    mask = torch.full((len(requests), bitmask_width(vocab_size)), -1, dtype=torch.int32)
+    mask = torch.full((len(requests), bitmask_width(vocab_size)), -1, dtype=torch.int32,
+                      pin_memory=pin)
     for i in rows:
         req = requests[i]
         matcher = req.grammar

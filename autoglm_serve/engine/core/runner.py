@@ -220,17 +220,16 @@ class ModelRunner:
             self.logits_hook(sampling, logits)
         # Structured rows: their bitmasks are filled here, while the device runs the forward
         # just queued (and, on the async path, the step before it ends)
-        bitmask = fill_step_bitmask(sampling, logits.shape[-1], self._inflight_token)
+        bitmask = fill_step_bitmask(sampling, logits.shape[-1], self._inflight_token,
+                                    pin=self.device.type == "cuda")
         out = None
         if all(_plain_greedy(r) for r in sampling):
             # the common agent/benchmark case: no per-row tensors to build, one argmax
             tokens = logits.argmax(dim=-1)
         else:
             rows = [SamplingRow(r.sampling_params, r.prompt_token_ids, r.output_token_ids,
-                                r.generator, r.eos_token_ids,
-                                bitmask[i] if bitmask is not None else None)
-                    for i, r in enumerate(sampling)]
-            out = self.sampler.sample(logits, rows)
+                                r.generator, r.eos_token_ids) for r in sampling]
+            out = self.sampler.sample(logits, rows, bitmask)
             tokens = out.sampled_token_ids
         self._prev_tokens = tokens
         self._prev_rows = {r.request_id: i for i, r in enumerate(sampling)}

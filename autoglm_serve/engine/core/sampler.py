@@ -47,7 +47,6 @@ class SamplingRow:
     output_token_ids: Sequence[int]
     generator: torch.Generator | None = None   # set for seeded requests
     eos_token_ids: Collection[int] = ()
-    bitmask: torch.Tensor | None = None   # int32 [W] on the host: the grammar's allowed tokens
 
 
 @dataclass
@@ -88,7 +87,9 @@ class SamplingBatch:
 
     @classmethod
     def build(cls, rows: Sequence[SamplingRow], vocab_size: int,
-              device: torch.device | str) -> SamplingBatch:
+              device: torch.device | str, bitmask: torch.Tensor | None = None
+              ) -> SamplingBatch:
+        """bitmask: int32 [B, W] on the host, the grammars' allowed tokens (-1: all)."""
         device = torch.device(device)
         V = vocab_size
         params = [r.params for r in rows]
@@ -134,12 +135,8 @@ class SamplingBatch:
                     raise ValueError(f"row {i}: generator on {r.generator.device}, logits on {device}")
                 generators[i] = r.generator
 
-        bitmask = None
-        if any(r.bitmask is not None for r in rows):
-            width = next(r.bitmask for r in rows if r.bitmask is not None).shape[-1]
-            every = torch.full((width,), -1, dtype=torch.int32)
-            bitmask = to_device(torch.stack([every if r.bitmask is None else r.bitmask
-                                             for r in rows]), torch.int32, device)
+        if bitmask is not None:
+            bitmask = to_device(bitmask, torch.int32, device)
         bias_index: list[int] = []
         bias_value: list[float] = []
         for i, p in enumerate(params):
@@ -320,14 +317,18 @@ def _concat(parts: list[SamplerOutput]) -> SamplerOutput:
 
 
 class Sampler:
-    def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
-        """The rows' next tokens, in groups that bound the sampler's memory."""
+    def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow],
+               bitmask: torch.Tensor | None = None) -> SamplerOutput:
+        """The rows' next tokens, in groups that bound the sampler's memory; bitmask: see
+        SamplingBatch.build."""
         V = logits.shape[-1]
         group = max(1, _GROUP_ELEMENTS // V)
         if len(rows) <= group:
-            return self(logits, SamplingBatch.build(rows, V, logits.device))
+            return self(logits, SamplingBatch.build(rows, V, logits.device, bitmask))
         return _concat([self(logits[i:i + group],
-                             SamplingBatch.build(rows[i:i + group], V, logits.device))
+                             SamplingBatch.build(rows[i:i + group], V, logits.device,
+                                                 bitmask[i:i + group]
+                                                 if bitmask is not None else None))
                         for i in range(0, len(rows), group)])
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
