@@ -83,6 +83,10 @@ class XGrammarBackend:
                 self._cache.popitem(last=False)
         return compiled
 
+    def is_cached(self, spec: StructuredSpec) -> bool:
+        with self._lock:
+            return spec.key in self._cache
+
     @property
     def num_cached(self) -> int:
         return len(self._cache)

@@ -13,6 +13,7 @@ import torch
 
 from autoglm_serve.engine.core.fault_isolation import FaultIsolation, is_fatal
 from autoglm_serve.engine.core.kv_cache import KVCacheManager
+from autoglm_serve.engine.core.pending_grammars import PendingGrammars
 from autoglm_serve.engine.core.prompt_logprobs import land_prompt_logprobs
 from autoglm_serve.engine.core.memory_plan import size_kv_cache
 from autoglm_serve.engine.core.model_setup import LoadedModel, load_model
@@ -91,7 +92,7 @@ class EngineCore:
         self.isolation = FaultIsolation(self.max_num_batched_tokens, self.runner.release_memory)
         self._failed: list[CoreOutput] = []     # requests failed outside a step's outputs
         self.requests: dict[str, Request] = {}
-        self._grammars = None       # the structured-output backend, made at its first use
+        self.grammars = PendingGrammars(self._grammar_backend)
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
         if self.device.type == "cuda":
@@ -122,9 +123,8 @@ class EngineCore:
             if request.seed is not None and request.generator is None:
                 # made here, on the logits' device: the front-end may have no access to it
                 request.generator = make_generator(request.seed, self.device)
-            spec = request.sampling_params.structured
-            if spec is not None and request.grammar is None:
-                request.grammar = self.grammars.matcher(spec, request.stop_ids)
+            compiling = request.sampling_params.structured is not None \
+                and request.grammar is None and not self.grammars.add(request)
         except Exception as exc:
             if is_fatal(exc):
                 raise
@@ -136,18 +136,27 @@ class EngineCore:
         self.requests[request.request_id] = request
         if request.sampling_params.prompt_logprobs is not None:
             self.runner.prompt_logprob_ids.add(request.request_id)
-        self.scheduler.add(request)
+        if not compiling:       # else it joins the scheduler once its grammar is compiled
+            self.scheduler.add(request)
         self.num_prompt_tokens_total += request.num_prompt_tokens
 
-    @property
-    def grammars(self):
-        """The grammar backend over this model's vocabulary (its tokenizer loaded once)."""
-        if self._grammars is None:
-            from autoglm_serve.engine.frontend.frontend import load_engine_tokenizer
-            from autoglm_serve.structured.backend import XGrammarBackend
-            self._grammars = XGrammarBackend(load_engine_tokenizer(self.settings),
-                                             self.vocab_size, ())
-        return self._grammars
+    def _grammar_backend(self):
+        """The grammar backend over this model's vocabulary (on the compile thread)."""
+        from autoglm_serve.engine.frontend.frontend import load_engine_tokenizer
+        from autoglm_serve.structured.backend import XGrammarBackend
+        return XGrammarBackend(load_engine_tokenizer(self.settings), self.vocab_size, ())
+
+    def _schedule_compiled(self) -> None:
+        for req, error in self.grammars.ready():
+            if error is None:
+                self.scheduler.add(req)
+                continue
+            logger.error("request %s: its grammar did not compile: %s: %s", req.request_id,
+                         type(error).__name__, error)
+            self.requests.pop(req.request_id, None)
+            self.runner.prompt_logprob_ids.discard(req.request_id)
+            self._failed.append(CoreOutput(req.request_id, [], None, "error", error=RequestError(
+                f"its structured output did not compile ({type(error).__name__}: {error})")))
 
     def abort(self, request_ids) -> list[str]:
         aborted = []
@@ -155,18 +164,23 @@ class EngineCore:
             req = self.requests.pop(rid, None)
             if req is not None:
                 self.runner.prompt_logprob_ids.discard(rid)
-                self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
+                if not self.grammars.discard(rid):    # not in the scheduler while compiling
+                    self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
                 aborted.append(rid)
         return aborted
 
     def has_unfinished(self) -> bool:
         return (self.scheduler.has_unfinished() or self._inflight is not None
-                or bool(self._failed))
+                or bool(self._failed) or bool(self.grammars))
 
     # ---- the step -------------------------------------------------------------------------
     def step(self) -> list[CoreOutput]:
         """One step (engine/core/fault_isolation.py: after a failed step, its requests one at a
         time), and the requests that failed since the last."""
+        if self.grammars:
+            if not (self.scheduler.has_unfinished() or self._inflight is not None):
+                self.grammars.wait(0.005)   # only compiles to wait for: do not spin
+            self._schedule_compiled()
         outputs = self._isolated_step() if self.isolation.isolating else self._batched_step()
         if self._failed:
             outputs, self._failed = self._failed + outputs, []
