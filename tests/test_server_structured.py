@@ -87,8 +87,9 @@ def test_vllm_fields(client):
         extra_body={"structured_outputs": {"regex": "[a-c]{2}-[0-9]{3}"}})
     content = r.choices[0].message.content
     assert len(content) == 6 and content[2] == "-" and content[3:].isdigit(), content
-    r = client.completions.create(model=M, prompt="JSON:", max_tokens=120, temperature=1.0,
+    r = client.completions.create(model=M, prompt="JSON:", max_tokens=200, temperature=1.0,
                                   seed=1, extra_body={"guided_json": INVENTORY})
+    assert r.choices[0].finish_reason == "stop", r.choices[0].text
     jsonschema.validate(json.loads(r.choices[0].text), INVENTORY)
     r = client.chat.completions.create(
         model=M, messages=ASK, max_tokens=20, temperature=1.0, seed=5,
