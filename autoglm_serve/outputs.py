@@ -54,3 +54,5 @@ class RequestOutput:
     num_preemptions: int = 0
     extra: dict = field(default_factory=dict)
     error: RequestError | None = None       # set when the engine failed it
+    # with SamplingParams.prompt_logprobs: per prompt token (None for the first)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

@@ -10,10 +10,14 @@ import copy
 import math
 from dataclasses import dataclass
 
+from autoglm_serve.structured.spec import StructuredSpec
+
 # Below this temperature sampling is treated as argmax; dividing by ~0 would overflow.
 _GREEDY_EPS = 1e-5
 # OpenAI caps top_logprobs at 20 and vLLM's default max_logprobs is 20.
 MAX_LOGPROBS = 20
+# OpenAI's range for a logit_bias value.
+LOGIT_BIAS_MAX = 100.0
 # vLLM's range for seed (a signed 64-bit integer); torch's generators take it modulo 2^64.
 SEED_MIN, SEED_MAX = -2**63, 2**63 - 1
 
@@ -35,9 +39,12 @@ class SamplingParams:
     min_tokens: int = 0
     ignore_eos: bool = False
     logprobs: int | None = None           # top-N logprobs; 0 = only the sampled token's
+    prompt_logprobs: int | None = None    # the same for every prompt token but the first
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = None   # token id -> added to its logit (OpenAI)
+    structured: StructuredSpec | None = None     # output constrained by a grammar
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -47,6 +54,8 @@ class SamplingParams:
         else:
             self.stop = list(self.stop)
         self.stop_token_ids = [] if self.stop_token_ids is None else list(self.stop_token_ids)
+        if self.logit_bias is not None:
+            self.logit_bias = dict(self.logit_bias) or None
         self._validate()
 
     def _validate(self) -> None:
@@ -86,12 +95,25 @@ class SamplingParams:
                 not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(
                 f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}")
+        if self.prompt_logprobs is not None and (
+                not _is_int(self.prompt_logprobs)
+                or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"prompt_logprobs must be an integer in [0, {MAX_LOGPROBS}] or "
+                             f"None, got {self.prompt_logprobs!r}")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
         for t in self.stop_token_ids:
             if not _is_int(t) or t < 0:
                 raise ValueError(f"stop_token_ids must be non-negative integers, got {t!r}")
+
+        for t, bias in (self.logit_bias or {}).items():
+            if not _is_int(t) or t < 0:
+                raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {t!r}")
+            if not _is_number(bias) or not -LOGIT_BIAS_MAX <= bias <= LOGIT_BIAS_MAX:
+                raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {bias!r}")
+        if self.structured is not None and not isinstance(self.structured, StructuredSpec):
+            raise ValueError(f"structured must be a StructuredSpec, got {self.structured!r}")
 
     @property
     def greedy(self) -> bool:

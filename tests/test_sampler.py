@@ -472,3 +472,29 @@ def test_rows_sampled_in_groups_equal_one_batch(monkeypatch):
         assert got.sampled_ranks[i] == want.sampled_ranks[i]
         assert torch.equal(got.top_token_ids[i, :k], want.top_token_ids[i, :k])
         assert torch.equal(got.top_logprobs[i, :k], want.top_logprobs[i, :k])
+
+
+def test_bitmask_and_logit_bias():
+    """Bit t of a row's bitmask allows token t; logit_bias adds to the logit before it."""
+    from autoglm_serve.structured.bitmask import apply_bitmask
+    from autoglm_serve.structured.matcher import bitmask_width
+    V = 70
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, V, generator=g)
+    allowed = torch.rand(3, V, generator=g) < 0.3
+    allowed[:, 5] = True
+    bits = torch.zeros(3, bitmask_width(V) * 32, dtype=torch.int64)
+    bits[:, :V] = allowed.long()
+    words = (bits.view(3, -1, 32) << torch.arange(32)).sum(-1)
+    mask = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    got = apply_bitmask(logits.clone(), mask)
+    assert torch.equal(got.isinf(), ~allowed)
+    assert torch.equal(got[allowed], logits[allowed])
+    # through the sampler: a +100 bias forces token 5 (allowed), a masked token never wins
+    rows = [SamplingRow(SamplingParams(temperature=1.0, logit_bias={5: 100.0}), [], [])
+            for _ in range(3)]
+    out = Sampler().sample(logits, rows, mask)
+    assert out.sampled_token_ids.tolist() == [5, 5, 5]
+    rows = [SamplingRow(SamplingParams(temperature=0.0), [], []) for _ in range(3)]
+    tokens = Sampler().sample(logits, rows, mask).sampled_token_ids.tolist()
+    assert tokens == logits.masked_fill(~allowed, float("-inf")).argmax(-1).tolist()

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from autoglm_serve.config import EngineConfig
 from autoglm_serve.server.reasoning import REASONING_PARSERS
+from autoglm_serve.server.tool_parsers import TOOL_PARSERS
+from autoglm_serve.structured.spec import BUILTIN_GRAMMARS
 
 DEFAULT_MAX_BODY_MB = 50.0   # several 1080×2400 base64 PNG screenshots
 GENERATION_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
@@ -32,6 +34,9 @@ class ServerSettings:
     trust_request_chat_template: bool = False
     max_queued_tokens: int | None = None      # None: see Serving
     reasoning_parser: str | None = None
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    default_structured_grammar: str | None = None   # e.g. autoglm_action, for every chat
     allowed_local_media_path: str | None = None
     uvicorn_log_level: str = "info"
     access_log: bool = False
@@ -142,6 +147,15 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         'default max_tokens of chat requests)')
     m.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSERS,
                    help="always split <think>…</think> into reasoning_content")
+    m.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="let the model decide to call tools (tool_choice auto); needs "
+                        "--tool-call-parser")
+    m.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
+                   help="the model family's tool-call format, for tool_choice auto")
+    m.add_argument("--default-structured-grammar", default=None, choices=BUILTIN_GRAMMARS,
+                   help="constrain every chat completion without its own structured output "
+                        "or tools to this grammar (autoglm_action: one Open-AutoGLM action "
+                        "after free thinking)")
     e = p.add_argument_group("engine")
     e.add_argument("--max-model-len", type=_length, default=None)
     e.add_argument("--max-num-seqs", type=int, default=256)
@@ -249,6 +263,8 @@ def _check_supported(args: argparse.Namespace) -> None:
                          f"(supported: {', '.join(GENERATION_KEYS)})")
     if args.max_request_body_mb <= 0:
         raise ValueError("--max-request-body-mb must be > 0")
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser")
     if args.max_waiting_requests < 0:
         raise ValueError("--max-waiting-requests must be >= 0")
     if args.max_n < 1:
@@ -304,6 +320,9 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         max_queued_tokens=args.max_queued_tokens,
         trust_request_chat_template=args.trust_request_chat_template,
         reasoning_parser=args.reasoning_parser,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser,
+        default_structured_grammar=args.default_structured_grammar,
         allowed_local_media_path=args.allowed_local_media_path,
         uvicorn_log_level=args.uvicorn_log_level, access_log=args.enable_access_log,
         graceful_shutdown_timeout=args.graceful_shutdown_timeout,

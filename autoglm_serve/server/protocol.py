@@ -6,8 +6,9 @@ strict (JSON's `true` or "0.5" is not a temperature, though pydantic's lax mode 
 and must be finite (Python's JSON reader takes `Infinity` and `NaN`); text must be valid
 Unicode: a lone surrogate (JSON's "\ud800") cannot be tokenized or sent back.
 
-Fields a client may send that we cannot honour yet (a non-empty `logit_bias`, a forced tool
-choice, a JSON response format) are refused with 400 rather than silently ignored.
+Structured outputs come as OpenAI's `response_format`, vLLM's `structured_outputs` or its
+older `guided_*` fields (server/structured_request.py turns them into one spec); tools as
+OpenAI's `tools` and `tool_choice` (server/tools.py).
 """
 from __future__ import annotations
 
@@ -103,32 +104,70 @@ class _SamplingFields(_Request):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    logit_bias: dict[str, float] | None = None
+    # token id (as a JSON key) -> bias in [-100, 100], added to its logit (OpenAI)
+    logit_bias: dict[str, StrictFloat | StrictInt] | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_logit_bias(cls, value):
-        if value:
-            raise ValueError("logit_bias is not supported by this server yet")
+    def _token_ids(cls, value):
+        for key, bias in (value or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias!r}")
         return value
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's structured_outputs (one of them), and our knob for the action grammar."""
+    model_config = ConfigDict(extra="forbid")
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None           # EBNF, or a built-in name: "autoglm_action"
+    json_object: StrictBool | None = None
+    max_text_chars: StrictInt | None = Field(None, ge=1)   # autoglm_action's string bound
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: StrictBool | None = None
 
 
 class ResponseFormat(BaseModel):
     model_config = ConfigDict(extra="allow")
     type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
-    @field_validator("type")
-    @classmethod
-    def _text_only(cls, value):
-        if value != "text":
-            raise ValueError(f"response_format {value!r} is not supported by this server yet "
-                             "(only 'text')")
-        return value
+
+class FunctionName(BaseModel):
+    name: str
 
 
 class NamedToolChoice(BaseModel):
     type: Literal["function"]
-    function: dict[str, Any]
+    function: FunctionName
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -143,17 +182,10 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
-    tools: list[dict[str, Any]] | None = None
+    tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
     response_format: ResponseFormat | None = None
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _tool_choice_we_honour(cls, value):
-        if value is not None and value not in ("none", "auto"):
-            raise ValueError("forcing a tool call (tool_choice 'required' or a named function) "
-                             "is not supported by this server yet")
-        return value
 
 
 # An empty prompt is refused after tokenizing ("the prompt is empty"); the schema says so too.
@@ -228,11 +260,25 @@ class ChatLogprobs(BaseModel):
     content: list[TokenLogprob] | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallItem(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ResponseMessage(BaseModel):
     role: str = "assistant"
     content: str | None = None
     reasoning_content: str | None = None
-    tool_calls: list = Field(default_factory=list)
+    tool_calls: list[ToolCallItem] = Field(default_factory=list)
+    # the autoglm_action grammar's answer, parsed as Open-AutoGLM does
+    # ({"_metadata": "do", "action": "Tap", "element": [x, y]}); None for other requests
+    action: dict[str, Any] | None = None
 
 
 class ChatChoice(BaseModel):

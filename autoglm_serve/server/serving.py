@@ -22,6 +22,7 @@ from autoglm_serve.server.args import ServerSettings
 from autoglm_serve.server.errors import OpenAIError, bad_request, model_not_found, sampling_error
 from autoglm_serve.server.metrics import ServerMetrics
 from autoglm_serve.server.protocol import _SamplingFields
+from autoglm_serve.structured.spec import StructuredSpec
 
 # Prompts longer than this (characters) are tokenized on a worker thread, so one large prompt
 # does not stall every other stream on the event loop; short ones are cheaper inline.
@@ -59,8 +60,9 @@ class Serving:
         return requested
 
     def sampling_params(self, req: _SamplingFields, *, max_tokens: int | None,
-                        logprobs: int | None, renames: dict[str, str] | None = None
-                        ) -> SamplingParams:
+                        logprobs: int | None, renames: dict[str, str] | None = None,
+                        structured: StructuredSpec | None = None,
+                        prompt_logprobs: int | None = None) -> SamplingParams:
         """The request's fields over the model's generation_config.json defaults."""
         if req.n > self.settings.max_n:
             raise bad_request(f"n must be at most {self.settings.max_n} on this server "
@@ -77,7 +79,9 @@ class Serving:
                 max_tokens=max_tokens, min_tokens=req.min_tokens, ignore_eos=req.ignore_eos,
                 logprobs=logprobs, skip_special_tokens=req.skip_special_tokens,
                 spaces_between_special_tokens=req.spaces_between_special_tokens,
-                include_stop_str_in_output=req.include_stop_str_in_output, **values)
+                include_stop_str_in_output=req.include_stop_str_in_output,
+                logit_bias={int(k): float(v) for k, v in (req.logit_bias or {}).items()},
+                structured=structured, prompt_logprobs=prompt_logprobs, **values)
         except (ValueError, TypeError) as exc:
             raise sampling_error(ValueError(str(exc)), renames) from exc
 
@@ -193,6 +197,8 @@ class RequestStream:
         self.metrics = metrics
         self.admission = admission
         self.num_prompt_tokens = num_prompt_tokens
+        self.prompt_token_ids = first.prompt_token_ids
+        self.prompt_logprobs = first.prompt_logprobs   # asked for: from the first output on
         self.num_output_tokens = 0
         self.finish_reason: str | None = None
         self._last = time.monotonic()

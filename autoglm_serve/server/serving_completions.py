@@ -14,12 +14,22 @@ from autoglm_serve.server.protocol import (CompletionChoice, CompletionLogprobs,
                                            CompletionRequest, CompletionResponse, Usage,
                                            random_id)
 from autoglm_serve.server.serving import RequestStream, Serving, stream_error
+from autoglm_serve.server.structured_request import structured_spec
 
 
-def completion_logprobs(entries: list[dict[int, Logprob]], token_ids: list[int], top_n: int,
-                        offset: int) -> CompletionLogprobs:
+def completion_logprobs(entries: list[dict[int, Logprob] | None], token_ids: list[int],
+                        top_n: int, offset: int, decode=None) -> CompletionLogprobs:
+    """entries: per token; None (the prompt's first token, echoed) has no logprob."""
     out = CompletionLogprobs()
     for tid, entry in zip(token_ids, entries):
+        if entry is None:
+            token = decode(tid) if decode is not None else ""
+            out.tokens.append(token)
+            out.token_logprobs.append(None)
+            out.top_logprobs.append(None)
+            out.text_offset.append(offset)
+            offset += len(token)
+            continue
         sampled = entry[tid]
         token = sampled.decoded_token or ""
         out.tokens.append(token)
@@ -97,17 +107,20 @@ class CompletionHandler:
         s = self.s
         model = s.model_name(req.model)
         s.check_stream_options(req)
-        if req.echo:
-            raise bad_request("echo is not supported", "echo")
         if req.best_of is not None and req.best_of != req.n:
             raise bad_request(f"best_of must equal n ({req.n}): choosing the best of several "
                               "sequences is not supported", "best_of")
         # The legacy endpoint's default is 16 tokens (OpenAI, vLLM), unless the server says.
         default = s.default_max_tokens or 16
         params = s.sampling_params(req, max_tokens=req.max_tokens if "max_tokens" in
-                                   req.model_fields_set else default, logprobs=req.logprobs)
+                                   req.model_fields_set else default, logprobs=req.logprobs,
+                                   structured=structured_spec(req),
+                                   prompt_logprobs=req.logprobs if req.echo else None)
         explicit = "max_tokens" in req.model_fields_set and req.max_tokens is not None
         prompts = await self._prompts(req, ("max_tokens", req.max_tokens) if explicit else None)
+        # echo: each choice's text starts with its prompt's
+        echoes = [self._prompt_text(req, i, ids) if req.echo else ""
+                  for i, ids in enumerate(prompts)]
         request_id = random_id("cmpl")
         streams: list[RequestStream] = []
         admission = s.admit(params.n * len(prompts), params.n * sum(map(len, prompts)))
@@ -124,14 +137,36 @@ class CompletionHandler:
             admission.release()
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return self._sse(streams, request_id, model, params.n, req.logprobs, include_usage)
+            return self._sse(streams, request_id, model, params.n, req.logprobs, include_usage,
+                             echoes)
         try:
-            return await self._collect(streams, request_id, model, params.n, req.logprobs)
+            return await self._collect(streams, request_id, model, params.n, req.logprobs,
+                                       echoes)
         except (EngineDeadError, RequestFailedError) as exc:
             raise stream_error(exc) from exc
 
+    def _prompt_text(self, req: CompletionRequest, index: int, ids: list[int]) -> str:
+        p = req.prompt
+        items = [p] if isinstance(p, str) or (p and isinstance(p[0], int)) else list(p)
+        if isinstance(items[index], str):
+            return items[index]
+        return self.s.tokenizer.decode(ids) if self.s.tokenizer is not None else ""
+
+    def _logprobs(self, stream: RequestStream, echo: str, entries, token_ids, top_n: int
+                  ) -> CompletionLogprobs:
+        """The completion's logprobs, after the prompt's when it is echoed."""
+        if not echo:
+            return completion_logprobs(entries, token_ids, top_n, 0)
+        prompt_ids = stream.prompt_token_ids
+        decode = lambda t: self.s.tokenizer.decode([t])   # noqa: E731
+        out = completion_logprobs(stream.prompt_logprobs or [], prompt_ids, top_n, 0, decode)
+        rest = completion_logprobs(entries, token_ids, top_n, len(echo))
+        for name in ("text_offset", "token_logprobs", "tokens", "top_logprobs"):
+            getattr(out, name).extend(getattr(rest, name))
+        return out
+
     async def _collect(self, streams: list[RequestStream], request_id: str, model: str, n: int,
-                       top_n: int | None) -> CompletionResponse:
+                       top_n: int | None, echoes: list[str]) -> CompletionResponse:
         total = len(streams) * n
         texts = [[] for _ in range(total)]
         token_ids: list[list[int]] = [[] for _ in range(total)]
@@ -148,8 +183,9 @@ class CompletionHandler:
                 if c.finish_reason:
                     finish[k], stop_reasons[k] = c.finish_reason, c.stop_reason
         choices = [CompletionChoice(
-            index=k, text="".join(texts[k]), finish_reason=finish[k], stop_reason=stop_reasons[k],
-            logprobs=completion_logprobs(lps[k], token_ids[k], top_n, 0)
+            index=k, text=echoes[k // n] + "".join(texts[k]), finish_reason=finish[k],
+            stop_reason=stop_reasons[k],
+            logprobs=self._logprobs(streams[k // n], echoes[k // n], lps[k], token_ids[k], top_n)
             if top_n is not None else None) for k in range(total)]
         prompt = sum(st.num_prompt_tokens for st in streams)
         completion = sum(len(t) for t in token_ids)
@@ -158,7 +194,8 @@ class CompletionHandler:
                                               total_tokens=prompt + completion))
 
     async def _sse(self, streams: list[RequestStream], request_id: str, model: str, n: int,
-                   top_n: int | None, include_usage: bool) -> AsyncIterator[str]:
+                   top_n: int | None, include_usage: bool, echoes: list[str]
+                   ) -> AsyncIterator[str]:
         head = {"id": request_id, "object": "text_completion", "created": int(time.time()),
                 "model": model}
         if include_usage:
@@ -166,6 +203,15 @@ class CompletionHandler:
         offsets = [0] * (len(streams) * n)
         completion_tokens = 0
         try:
+            for k in range(len(streams) * n):
+                if echoes[k // n]:
+                    lp = self._logprobs(streams[k // n], echoes[k // n], [], [], top_n) \
+                        .model_dump() if top_n is not None else None
+                    offsets[k] = len(echoes[k // n])
+                    choice = {"index": k, "text": echoes[k // n], "logprobs": lp,
+                              "finish_reason": None, "stop_reason": None}
+                    yield f"data: {json.dumps({**head, 'choices': [choice]}, ensure_ascii=False)}\n\n"
+
             async for p, out in _merge(streams):
                 for c in out.outputs:
                     k = p * n + c.index

@@ -13,6 +13,8 @@ import torch
 
 from autoglm_serve.engine.core.fault_isolation import FaultIsolation, is_fatal, is_out_of_memory
 from autoglm_serve.engine.core.kv_cache import KVCacheManager
+from autoglm_serve.engine.core.pending_grammars import PendingGrammars
+from autoglm_serve.engine.core.prompt_logprobs import land_prompt_logprobs
 from autoglm_serve.engine.core.memory_plan import size_kv_cache
 from autoglm_serve.engine.core.model_setup import LoadedModel, load_model
 from autoglm_serve.engine.core.request import Request, RequestStatus
@@ -47,13 +49,15 @@ class CoreOutput:
     first_scheduled_time: float | None = None
     num_preemptions: int = 0
     error: RequestError | None = None   # with finish_reason "error": why it was failed
+    prompt_logprobs: list[TokenLogprobs] | None = None   # on the first output, when asked
 
     def __reduce__(self):
         # a tuple, not the instance dict: several times cheaper to pickle, and a server core
         # process sends one of these per running request per step
         return CoreOutput, (self.request_id, self.new_token_ids, self.logprobs,
                             self.finish_reason, self.stop_reason, self.num_cached_tokens,
-                            self.first_scheduled_time, self.num_preemptions, self.error)
+                            self.first_scheduled_time, self.num_preemptions, self.error,
+                            self.prompt_logprobs)
 
 
 def select_backend(name: str, device: torch.device) -> AttentionBackend:
@@ -69,6 +73,7 @@ def select_backend(name: str, device: torch.device) -> AttentionBackend:
 class EngineCore:
     def __init__(self, settings: EngineSettings, loaded: LoadedModel | None = None):
         config = self.config = settings.config
+        self.settings = settings
         self.device = config.resolve_device()
         self.loaded = loaded or load_model(settings, self.device)
         self.max_model_len = settings.max_model_len
@@ -89,6 +94,7 @@ class EngineCore:
         self.isolation = FaultIsolation(self.max_num_batched_tokens, self.runner.release_memory)
         self._failed: list[CoreOutput] = []     # requests failed outside a step's outputs
         self.requests: dict[str, Request] = {}
+        self.grammars = PendingGrammars(self._grammar_backend)
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
         if self.device.type == "cuda":
@@ -120,6 +126,8 @@ class EngineCore:
             if request.seed is not None and request.generator is None:
                 # made here, on the logits' device: the front-end may have no access to it
                 request.generator = make_generator(request.seed, self.device)
+            compiling = request.sampling_params.structured is not None \
+                and request.grammar is None and not self.grammars.add(request)
         except Exception as exc:
             if is_fatal(exc):
                 raise
@@ -129,26 +137,53 @@ class EngineCore:
                 f"the engine could not take this request ({type(exc).__name__}: {exc})")))
             return
         self.requests[request.request_id] = request
-        self.scheduler.add(request)
+        if request.sampling_params.prompt_logprobs is not None:
+            self.runner.prompt_logprob_ids.add(request.request_id)
+        if not compiling:       # else it joins the scheduler once its grammar is compiled
+            self.scheduler.add(request)
         self.num_prompt_tokens_total += request.num_prompt_tokens
+
+    def _grammar_backend(self):
+        """The grammar backend over this model's vocabulary (on the compile thread)."""
+        from autoglm_serve.engine.frontend.frontend import load_engine_tokenizer
+        from autoglm_serve.structured.backend import XGrammarBackend
+        return XGrammarBackend(load_engine_tokenizer(self.settings), self.vocab_size, ())
+
+    def _schedule_compiled(self) -> None:
+        for req, error in self.grammars.ready():
+            if error is None:
+                self.scheduler.add(req)
+                continue
+            logger.error("request %s: its grammar did not compile: %s: %s", req.request_id,
+                         type(error).__name__, error)
+            self.requests.pop(req.request_id, None)
+            self.runner.prompt_logprob_ids.discard(req.request_id)
+            self._failed.append(CoreOutput(req.request_id, [], None, "error", error=RequestError(
+                f"its structured output did not compile ({type(error).__name__}: {error})")))
 
     def abort(self, request_ids) -> list[str]:
         aborted = []
         for rid in request_ids:
             req = self.requests.pop(rid, None)
             if req is not None:
-                self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
+                self.runner.prompt_logprob_ids.discard(rid)
+                if not self.grammars.discard(rid):    # not in the scheduler while compiling
+                    self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
                 aborted.append(rid)
         return aborted
 
     def has_unfinished(self) -> bool:
         return (self.scheduler.has_unfinished() or self._inflight is not None
-                or bool(self._failed))
+                or bool(self._failed) or bool(self.grammars))
 
     # ---- the step -------------------------------------------------------------------------
     def step(self) -> list[CoreOutput]:
         """One step (engine/core/fault_isolation.py: after a failed step, its requests one at a
         time), and the requests that failed since the last."""
+        if self.grammars:
+            if not (self.scheduler.has_unfinished() or self._inflight is not None):
+                self.grammars.wait(0.005)   # only compiles to wait for: do not spin
+            self._schedule_compiled()
         outputs = self._isolated_step() if self.isolation.isolating else self._batched_step()
         if self._failed:
             outputs, self._failed = self._failed + outputs, []
@@ -156,6 +191,7 @@ class EngineCore:
 
     def _fail(self, req: Request, error: RequestError) -> None:
         self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
+        self.runner.prompt_logprob_ids.discard(req.request_id)
         self.requests.pop(req.request_id, None)
         self._failed.append(CoreOutput(req.request_id, [], None, "error", error=error))
 
@@ -204,7 +240,7 @@ class EngineCore:
                 self.isolation.steps_succeeded()
         outputs = self._complete(self._inflight) if self._inflight is not None else []
         self._inflight = launched
-        if launched is not None and not self.config.async_scheduling:
+        if launched is not None and (launched.needs_sync or not self.config.async_scheduling):
             outputs += self._complete(launched)
             self._inflight = None
         return outputs
@@ -243,6 +279,8 @@ class EngineCore:
 
     def _complete(self, step: InFlightStep) -> list[CoreOutput]:
         result = step.result()
+        if step.prompt_logprobs:
+            land_prompt_logprobs(step.prompt_logprobs, TokenLogprobs)
         logprobs = _split_logprobs(result.sampler_output, result.requests)
         outputs = []
         for i, (req, token) in enumerate(zip(result.requests, result.sampled)):
@@ -258,12 +296,15 @@ class EngineCore:
                 self.scheduler.finish(req, finish)
                 self.requests.pop(req.request_id, None)
             first = len(req.output_token_ids) == 1
+            if first:
+                self.runner.prompt_logprob_ids.discard(req.request_id)
             outputs.append(CoreOutput(req.request_id, [token],
                                       [logprobs[i]] if logprobs is not None else None,
                                       finish.value if finish is not None else None, stop_token,
                                       req.num_cached_tokens if first else None,
                                       req.first_scheduled_time if first else None,
-                                      req.num_preemptions))
+                                      req.num_preemptions,
+                                      prompt_logprobs=req.prompt_logprobs if first else None))
         self.num_generation_tokens_total += len(outputs)
         return outputs
 

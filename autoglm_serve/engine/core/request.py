@@ -9,6 +9,7 @@ import torch
 
 from autoglm_serve.multimodal.inputs import MultiModalItem
 from autoglm_serve.sampling_params import SamplingParams
+from autoglm_serve.structured.matcher import RowMatcher
 
 
 class RequestStatus(enum.Enum):
@@ -41,6 +42,9 @@ class Request:
     mrope_delta: int = 0
     seed: int | None = None              # the core makes the generator from it, on its device
     generator: torch.Generator | None = None
+    grammar: RowMatcher | None = None    # structured output: made by the core
+    # prompt_logprobs: one entry per prompt token from the second on, as chunks compute them
+    prompt_logprobs: list | None = None
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
@@ -72,7 +76,9 @@ class Request:
         self.repetition_penalized = p.repetition_penalty != 1.0
         self.penalized = (self.repetition_penalized or p.frequency_penalty != 0.0
                           or p.presence_penalty != 0.0)
-        self.argmax_only = p.greedy and not self.penalized and p.logprobs is None
+        # a grammar or a logit bias changes the logits: not a bare argmax
+        self.argmax_only = (p.greedy and not self.penalized and p.logprobs is None
+                            and p.structured is None and not p.logit_bias)
 
     @property
     def num_prompt_tokens(self) -> int:

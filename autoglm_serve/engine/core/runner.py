@@ -17,11 +17,13 @@ from autoglm_serve.engine.core.image_embedding import embed_images
 from autoglm_serve.engine.core.image_encoder import ImageEncoder
 from autoglm_serve.engine.core.input_batch import HostBatch, build_host_batch
 from autoglm_serve.engine.core.kv_cache import BlockTable
+from autoglm_serve.engine.core.prompt_logprobs import PromptLogprobChunk, prompt_logprob_chunks
 from autoglm_serve.engine.core.request import Request
 from autoglm_serve.engine.core.sampler import Sampler, SamplerOutput, SamplingRow
 from autoglm_serve.engine.core.scheduler import ScheduledRequest
 from autoglm_serve.engine.core.token_counts import DeviceTokenCounts
 from autoglm_serve.host_transfer import to_device
+from autoglm_serve.structured.bitmask import fill_step_bitmask
 from autoglm_serve.models.layers.attention import Attention, AttentionBackend, AttentionMetadata
 from autoglm_serve.multimodal.encoder_cache import EncoderCache
 
@@ -42,6 +44,8 @@ class InFlightStep:
     tokens_host: torch.Tensor | None
     done: torch.cuda.Event | None
     sampler_output: SamplerOutput | None   # its logprobs already on their way to the host
+    needs_sync: bool = False         # prompt logprobs: the host reads this step's at once
+    prompt_logprobs: list[PromptLogprobChunk] | None = None
 
     def result(self) -> StepResult:
         if self.done is not None:
@@ -100,7 +104,12 @@ class ModelRunner:
         self.block_table: BlockTable | None = None      # the KV manager's, set by the core
         self._prev_tokens: torch.Tensor | None = None   # the last launched step's samples
         self._prev_rows: dict[str, int] = {}
+        self._prev_host: torch.Tensor | None = None     # ...on their way to the host
+        self._prev_done: torch.cuda.Event | None = None
         self.faults = FaultInjector.from_env()      # None unless a test asks for faults
+        # requests whose prompt logprobs are still to compute (the core keeps it)
+        self.prompt_logprob_ids: set[str] = set()
+        self._prompt_chunks: list[PromptLogprobChunk] = []
 
     # ---- KV cache -------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:
@@ -173,8 +182,9 @@ class ModelRunner:
 
     def _logits(self, hb: HostBatch) -> torch.Tensor | None:
         n = len(hb.batch)
+        self._prompt_chunks = []
         if (self.graphs is not None and hb.num_decodes == n and n <= self.graphs.max_size
-                and not hb.has_images):
+                and not hb.has_images and not self.prompt_logprob_ids):
             self.graphs.load(n, hb.input_ids, hb.positions, hb.slot_mapping, hb.seq_lens,
                              hb.block_tables)
             self._feed(self.graphs.input_ids, hb)
@@ -184,6 +194,9 @@ class ModelRunner:
         inputs_embeds = embed_images(self.model, self.encoder_cache, hb.batch, ids) \
             if hb.has_images and self.encoder_cache is not None else None
         hidden = self.model(ids, pos, meta, inputs_embeds=inputs_embeds)
+        if self.prompt_logprob_ids:
+            self._prompt_chunks = prompt_logprob_chunks(
+                self.model, hidden, hb.batch, hb.query_start, self.prompt_logprob_ids)
         if not hb.sampling:
             return None
         return self.model.compute_logits(hidden[logits_index])
@@ -213,11 +226,16 @@ class ModelRunner:
             self.faults.check(scheduled)
         hb = self.prepare_host(scheduled)
         logits = self._logits(hb)
+        chunks = self._prompt_chunks or None
         if logits is None:
-            return InFlightStep([], None, None, None)
+            return InFlightStep([], None, None, None, chunks is not None, chunks)
         sampling = hb.sampling
         if self.logits_hook is not None:
             self.logits_hook(sampling, logits)
+        # Structured rows: their bitmasks are filled here, while the device runs the forward
+        # just queued (and, on the async path, the step before it ends)
+        bitmask = fill_step_bitmask(sampling, logits.shape[-1], self._inflight_token,
+                                    pin=self.device.type == "cuda")
         out = None
         if all(_plain_greedy(r) for r in sampling):
             # the common agent/benchmark case: no per-row tensors to build, one argmax
@@ -231,7 +249,7 @@ class ModelRunner:
                 slots, counts, mask = self.token_counts.gather(
                     sampling, penalized, any(r.repetition_penalized for r in sampling))
                 history = (counts, mask)
-            out = self.sampler.sample(logits, rows, history)
+            out = self.sampler.sample(logits, rows, history, bitmask)
             tokens = out.sampled_token_ids
             if slots is not None:
                 self.token_counts.record(slots, tokens)
@@ -247,7 +265,15 @@ class ModelRunner:
             done.record()
         else:
             host = tokens
-        return InFlightStep(sampling, host, done, out)
+        self._prev_host, self._prev_done = host, done
+        return InFlightStep(sampling, host, done, out, chunks is not None, chunks)
+
+    def _inflight_token(self, req: Request) -> int:
+        """The token the step in flight sampled for req (waits for its copy to the host;
+        the device meanwhile runs the forward queued after it)."""
+        if self._prev_done is not None:
+            self._prev_done.synchronize()
+        return int(self._prev_host[self._prev_rows[req.request_id]])
 
     def _pinned_tokens(self, n: int) -> torch.Tensor:
         """A fresh pinned buffer per step: the previous step's may still be read."""

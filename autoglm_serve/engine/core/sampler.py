@@ -1,6 +1,7 @@
 """Batched sampler: logits [B, V] -> one next token per row (+ logprobs), on the logits' device.
 
-Processing order (as vLLM): min_tokens mask, repetition penalty, frequency/presence penalties,
+Processing order (as vLLM): the grammar's bitmask (structured outputs), logit_bias,
+min_tokens mask, repetition penalty, frequency/presence penalties,
 (greedy argmax here), temperature, top-k, top-p, min-p, then an exponential race.
 
 The step path (`Sampler.__call__`) has no host syncs: every per-row choice is a tensor op over
@@ -22,6 +23,7 @@ import torch
 from autoglm_serve.engine.core.token_counts import token_counts
 from autoglm_serve.host_transfer import to_device
 from autoglm_serve.sampling_params import SamplingParams
+from autoglm_serve.structured.bitmask import apply_bitmask
 
 # exponential_ may return exactly 0 (u == 0); p / 0 would be inf or NaN, and argmax favours NaN.
 _TINY = torch.finfo(torch.float32).tiny
@@ -73,6 +75,9 @@ class SamplingBatch:
     prompt_mask: torch.Tensor | None    # bool [B, V]: token in the prompt (repetition penalty)
     output_counts: torch.Tensor | None  # float32 [B, V]: occurrences in the output so far
     min_tokens_banned: torch.Tensor | None  # int64 [N]: row * V + token, banned by min_tokens
+    bitmask: torch.Tensor | None = None      # int32 [B, W]: allowed tokens (structured outputs)
+    bias_index: torch.Tensor | None = None   # int64 [N]: row * V + token, with a logit_bias...
+    bias_value: torch.Tensor | None = None   # float32 [N]: ...of this value
     generators: dict[int, torch.Generator] = field(default_factory=dict)  # row -> own RNG
     num_logprobs: list[int | None] = field(default_factory=list)  # per row, as requested
     max_num_logprobs: int | None = None   # None = no row wants logprobs
@@ -83,10 +88,12 @@ class SamplingBatch:
 
     @classmethod
     def build(cls, rows: Sequence[SamplingRow], vocab_size: int, device: torch.device | str,
-              history: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> SamplingBatch:
+              history: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+              bitmask: torch.Tensor | None = None) -> SamplingBatch:
         """history: the rows' (output counts [B, V], prompt mask [B, V] or None) as the device
         keeps them (engine/core/token_counts.py); without it they are built from the rows'
-        host lists, which must then hold every earlier token."""
+        host lists, which must then hold every earlier token. bitmask: int32 [B, W] on the
+        host, the grammars' allowed tokens (-1: all)."""
         device = torch.device(device)
         V = vocab_size
         params = [r.params for r in rows]
@@ -136,6 +143,16 @@ class SamplingBatch:
                     raise ValueError(f"row {i}: generator on {r.generator.device}, logits on {device}")
                 generators[i] = r.generator
 
+        if bitmask is not None:
+            bitmask = to_device(bitmask, torch.int32, device)
+        bias_index: list[int] = []
+        bias_value: list[float] = []
+        for i, p in enumerate(params):
+            for t, b in (p.logit_bias or {}).items():
+                if 0 <= t < V:      # ids past the vocabulary have no logit to bias
+                    bias_index.append(i * V + t)
+                    bias_value.append(b)
+
         num_logprobs = [p.logprobs for p in params]
         asked = [n for n in num_logprobs if n is not None]
         return cls(
@@ -154,6 +171,9 @@ class SamplingBatch:
             prompt_mask=prompt_mask, output_counts=output_counts,
             min_tokens_banned=(to_device(banned, torch.int64, device)
                                if banned else None),
+            bitmask=bitmask,
+            bias_index=to_device(bias_index, torch.int64, device) if bias_index else None,
+            bias_value=to_device(bias_value, torch.float32, device) if bias_index else None,
             generators=generators, num_logprobs=num_logprobs,
             max_num_logprobs=max(asked) if asked else None,
         )
@@ -290,13 +310,14 @@ def _concat(parts: list[SamplerOutput]) -> SamplerOutput:
 
 class Sampler:
     def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow],
-               history: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> SamplerOutput:
-        """The rows' next tokens, in groups that bound the sampler's memory (history: see
-        SamplingBatch.build)."""
+               history: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+               bitmask: torch.Tensor | None = None) -> SamplerOutput:
+        """The rows' next tokens, in groups that bound the sampler's memory (history and
+        bitmask: see SamplingBatch.build)."""
         V = logits.shape[-1]
         group = max(1, _GROUP_ELEMENTS // V)
         if len(rows) <= group:
-            return self(logits, SamplingBatch.build(rows, V, logits.device, history))
+            return self(logits, SamplingBatch.build(rows, V, logits.device, history, bitmask))
 
         def part(i):
             if history is None:
@@ -304,12 +325,18 @@ class Sampler:
             counts, mask = history
             return counts[i:i + group], (mask[i:i + group] if mask is not None else None)
         return _concat([self(logits[i:i + group],
-                             SamplingBatch.build(rows[i:i + group], V, logits.device, part(i)))
+                             SamplingBatch.build(rows[i:i + group], V, logits.device, part(i),
+                                                 bitmask[i:i + group]
+                                                 if bitmask is not None else None))
                         for i in range(0, len(rows), group)])
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         # Work on a float32 copy: the raw logits stay intact for logprobs and for the caller.
         x = logits.to(torch.float32, copy=True)
+        if batch.bias_index is not None:
+            x.view(-1).index_add_(0, batch.bias_index, batch.bias_value)
+        if batch.bitmask is not None:
+            x = apply_bitmask(x, batch.bitmask)
         x = apply_min_tokens(x, batch)
         x = apply_penalties(x, batch)
         greedy = x.argmax(dim=-1) if batch.any_greedy else None

@@ -130,7 +130,9 @@ class Scheduler:
             req = self.waiting[held]
             if req.num_inflight:
                 break           # preempted while a token was in flight: wait for it to land
-            cached = self.kv.find_cached_prefix(req) if req.num_computed_tokens == 0 else []
+            # prompt logprobs need every prompt position computed: no prefix-cache hit
+            cached = self.kv.find_cached_prefix(req) if req.num_computed_tokens == 0 \
+                and req.sampling_params.prompt_logprobs is None else []
             computed = req.num_computed_tokens + len(cached) * self.kv.block_size
             n = req.num_tokens - computed
             if n > budget:

@@ -31,6 +31,17 @@ def eos_ids(tokenizer, hf_config, gen_config: dict) -> set[int]:
     return ids
 
 
+def load_engine_tokenizer(settings: EngineSettings):
+    """The tokenizer of the served model (the core loads it too, for grammars)."""
+    config = settings.config
+    if config.tokenizer is None and is_builtin(settings.model.path):
+        # the packaged architecture has no tokenizer files: GLM's special tokens and chat
+        # template over byte-level text (models/configs/glm_tokenizer.py)
+        from autoglm_serve.models.configs.glm_tokenizer import byte_level_glm_tokenizer
+        return byte_level_glm_tokenizer()
+    return load_tokenizer(settings.model.path, config.tokenizer)
+
+
 class Frontend:
     def __init__(self, settings: EngineSettings):
         config = self.config = settings.config
@@ -40,7 +51,7 @@ class Frontend:
         self.vocab_size = settings.vocab_size
         gen_config = generation_config(self.resolved)     # read once: defaults and EOS ids
         self.generation_defaults = generation_defaults(gen_config)
-        self.tokenizer = None if config.skip_tokenizer_init else self._load_tokenizer()
+        self.tokenizer = None if config.skip_tokenizer_init else load_engine_tokenizer(settings)
         if config.chat_template and self.tokenizer is not None:
             self.tokenizer.chat_template = config.chat_template
         self.input_processor = InputProcessor(
@@ -61,14 +72,6 @@ class Frontend:
             config.chat_template_content_format, self.tokenizer,
             self.mm_processor.placeholder_ids if self.mm_processor is not None else None)
         self._ids = itertools.count()
-
-    def _load_tokenizer(self):
-        if self.config.tokenizer is None and is_builtin(self.resolved.path):
-            # the packaged architecture has no tokenizer files: GLM's special tokens and chat
-            # template over byte-level text (models/configs/glm_tokenizer.py)
-            from autoglm_serve.models.configs.glm_tokenizer import byte_level_glm_tokenizer
-            return byte_level_glm_tokenizer()
-        return load_tokenizer(self.resolved.path, self.config.tokenizer)
 
     @property
     def model_name(self) -> str:

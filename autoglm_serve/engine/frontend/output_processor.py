@@ -37,6 +37,7 @@ class RequestState:
     num_cached_tokens: int = 0
     num_unfinished: int = 0           # children without a finish reason, counted as they end
     error: RequestError | None = None  # the core failed one of its children: all of it fails
+    prompt_logprobs: list | None = None  # asked for: None for the first prompt token, then...
 
     @property
     def finished(self) -> bool:
@@ -109,6 +110,10 @@ class OutputProcessor:
                 metrics.first_scheduled_time = out.first_scheduled_time
             metrics.last_token_time = now
             child.num_preemptions = out.num_preemptions
+            if out.prompt_logprobs is not None and state.prompt_logprobs is None:
+                state.prompt_logprobs = [None] + [
+                    self._logprob_entry(tid, lp)
+                    for tid, lp in zip(state.prompt_token_ids[1:], out.prompt_logprobs)]
             child.token_ids.extend(out.new_token_ids)
             if out.logprobs is not None and child.logprobs is not None:
                 for tid, lp in zip(out.new_token_ids, out.logprobs):
@@ -200,4 +205,4 @@ class OutputProcessor:
                                                 child.cumulative_logprob))
         return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids, completions,
                              finished, state.metrics, state.num_cached_tokens, num_preemptions,
-                             error=state.error)
+                             error=state.error, prompt_logprobs=state.prompt_logprobs)
