@@ -30,7 +30,8 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = False
     async_scheduling: bool = True             # prepare step N+1 while the device runs step N
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = 1             # ranks, one process and device each
+    mm_encoder_tp_mode: str = "data"          # vision tower under TP: data | weights
     quantization: str | None = None
     attention_backend: str = "auto"           # auto | torch | triton
     mm_processor_kwargs: dict = field(default_factory=dict)
@@ -57,10 +58,11 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be >= 1")
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError("block_size must be one of 8, 16, 32, 64, 128")
-        if self.tensor_parallel_size != 1:
-            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} is not supported "
-                             "yet: this build serves on one GPU (the layers are TP-ready, the "
-                             "multi-GPU runner is not built)")
+        if self.tensor_parallel_size < 1:
+            raise ValueError("tensor_parallel_size must be >= 1")
+        if self.mm_encoder_tp_mode not in ("data", "weights"):
+            raise ValueError(f"mm_encoder_tp_mode must be data or weights, not "
+                             f"{self.mm_encoder_tp_mode!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError("attention_backend must be auto, torch or triton")
 
