@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from autoglm_serve.engine.parallel.distributed import (TensorParallelFailure, agree_min,
-                                                       broadcast_object, check_shardable,
+                                                       broadcast_object,
                                                        destroy_groups, free_port, init_groups,
                                                        rank_device)
 from autoglm_serve.engine.parallel.layout import ParallelLayout
@@ -41,7 +41,6 @@ class TensorParallelWorkers:
         from autoglm_serve.engine.parallel.worker import run_worker
         config = settings.config
         self.world_size = config.tensor_parallel_size
-        check_shardable(settings.hf_config, self.world_size, config.mm_encoder_tp_mode)
         self.layout = ParallelLayout(0, self.world_size, config.mm_encoder_tp_mode)
         self.device = rank_device(device, 0)
         self.exit_process_on_death = False    # the server's core sets it (engine/process/)
