@@ -57,13 +57,13 @@ def assert_same(reference, got):
 @pytest.fixture(scope="module")
 def glm4v_reference(checkpoint):
     return run(glm4v_prompts(), model=str(checkpoint), max_model_len=512,
-               max_num_batched_tokens=32)
+               max_num_batched_tokens=32, num_kv_blocks=256)
 
 
 @pytest.mark.parametrize("tp", [2, 4])
 def test_glm4v_with_images_equals_one_rank(checkpoint, glm4v_reference, tp):
     got = run(glm4v_prompts(), model=str(checkpoint), max_model_len=512,
-              max_num_batched_tokens=32, tensor_parallel_size=tp)
+              max_num_batched_tokens=32, num_kv_blocks=256, tensor_parallel_size=tp)
     assert_same(glm4v_reference, got)
     # the two small images were encoded in one step: both ranks' shares of the tower ran
     assert glm4v_reference[0][0] != glm4v_reference[0][1]
@@ -88,7 +88,7 @@ def test_two_gpus_nccl_with_cuda_graphs_equal_one(checkpoint):
     near tie, so the first few only)."""
     prompts = glm4v_prompts()
     settings = dict(model=str(checkpoint), max_model_len=512, device="cuda", dtype="bfloat16",
-                    max_num_batched_tokens=32)
+                    max_num_batched_tokens=32, num_kv_blocks=256)
     one = LLM(skip_tokenizer_init=True, **settings)
     two = LLM(skip_tokenizer_init=True, tensor_parallel_size=2, **settings)
     try:
