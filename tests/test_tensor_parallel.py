@@ -34,6 +34,7 @@ def glm4v_prompts():
 def run(prompts, **settings):
     """Greedy tokens per prompt and every step's logits, then the engine stopped."""
     llm = LLM(dtype="float32", skip_tokenizer_init=True, **settings)
+    run.last_model = llm.engine.core.loaded.model     # rank 0's shard
     seen = []
     llm.engine.core.runner.logits_hook = lambda reqs, logits: seen.append(logits.clone())
     try:
@@ -60,11 +61,15 @@ def glm4v_reference(checkpoint):
                max_num_batched_tokens=32, num_kv_blocks=256)
 
 
-@pytest.mark.parametrize("tp", [2, 4])
-def test_glm4v_with_images_equals_one_rank(checkpoint, glm4v_reference, tp):
+@pytest.mark.parametrize("tp,vision", [(2, "data"), (4, "data"), (2, "weights")])
+def test_glm4v_with_images_equals_one_rank(checkpoint, glm4v_reference, tp, vision):
     got = run(glm4v_prompts(), model=str(checkpoint), max_model_len=512,
-              max_num_batched_tokens=32, num_kv_blocks=256, tensor_parallel_size=tp)
+              max_num_batched_tokens=32, num_kv_blocks=256, tensor_parallel_size=tp,
+              mm_encoder_tp_mode=vision)
     assert_same(glm4v_reference, got)
+    model = run.last_model
+    assert model.language_model.model.layers[0].self_attn.attn.num_kv_heads == max(1, 2 // tp)
+    assert model.visual.blocks[0].attn.num_heads == (2 // tp if vision == "weights" else 2)
     # the two small images were encoded in one step: both ranks' shares of the tower ran
     assert glm4v_reference[0][0] != glm4v_reference[0][1]
 
