@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from autoglm_serve import LLM, SamplingParams
+from autoglm_serve.engine.parallel.distributed import TensorParallelFailure
 from tests.glm4v_fixtures import make_tiny_glm4v, tiny_tokenizer
 from tests.test_glm4v_oracle import build_prompt, random_image
 
@@ -104,3 +105,19 @@ def test_two_gpus_nccl_with_cuda_graphs_equal_one(checkpoint):
         assert a == b
     finally:
         two.shutdown()
+
+
+def test_a_worker_dead_while_idle_fails_the_next_call_with_its_name(checkpoint):
+    llm = LLM(str(checkpoint), dtype="float32", skip_tokenizer_init=True, max_model_len=512,
+              num_kv_blocks=64, tensor_parallel_size=2)
+    try:
+        worker = llm.engine.core.workers.processes[0]
+        worker.kill()
+        worker.join()
+        with pytest.raises(TensorParallelFailure, match=r"worker rank 1 \(pid \d+\) was killed "
+                                                        "by SIGKILL"):
+            llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))
+    finally:
+        llm.shutdown()
+    # the process can start another tensor-parallel engine afterwards
+    assert not torch.distributed.is_initialized()

@@ -12,10 +12,13 @@ batch 1 and 32. Runs in ~1-2 minutes on H200s with the tiny model.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import tempfile
 import time
+
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path[:0] = [ROOT]
@@ -26,7 +29,7 @@ from autoglm_serve import LLM, SamplingParams  # noqa: E402
 def measure(model: str, tp: int, prompts, max_tokens: int):
     t0 = time.monotonic()
     llm = LLM(model, tensor_parallel_size=tp, max_model_len=4096, skip_tokenizer_init=True,
-              gpu_memory_utilization=0.85)
+              kv_cache_memory_gib=8)   # the same cache at both sizes, freed between them
     start = time.monotonic() - t0
     graphs = llm.engine.core.runner.graphs is not None
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
@@ -37,6 +40,9 @@ def measure(model: str, tp: int, prompts, max_tokens: int):
         llm.generate([prompts[i % len(prompts)] for i in range(batch)], params)
         speeds[batch] = batch * max_tokens / (time.monotonic() - t)
     llm.shutdown()
+    del llm
+    gc.collect()
+    torch.cuda.empty_cache()
     return start, graphs, tokens, speeds
 
 
