@@ -120,7 +120,11 @@ class TensorParallelWorkers:
         pipes = {conn: rank for rank, conn in enumerate(self._pipes, 1)}
         reasons: dict[int, str] = {}
         while sentinels:
-            for ready in wait(list(sentinels) + list(pipes)):
+            try:
+                readies = wait(list(sentinels) + list(pipes))
+            except (OSError, ValueError):      # closed by close(): nothing left to watch
+                return
+            for ready in readies:
                 if ready in pipes:
                     rank = pipes[ready]
                     try:
@@ -129,15 +133,14 @@ class TensorParallelWorkers:
                         del pipes[ready]
                     continue
                 rank, p = sentinels.pop(ready)
-                p.join()
-                if self._closing:
+                p.join()    # only this thread reaps the workers: two reapers race
+                if self._closing or self._dead is not None:
                     continue
                 how = _how_it_ended(p.exitcode)
                 why = f" ({reasons[rank]})" if rank in reasons else ""
                 self._dead = f"tensor-parallel worker rank {rank} (pid {p.pid}) {how}{why}"
                 logger.error("%s", self._dead)
                 threading.Thread(target=self._after_death, daemon=True).start()
-                return
 
     def _after_death(self) -> None:
         if self._noticed.wait(GRACE_S) or self._closing:
@@ -159,13 +162,14 @@ class TensorParallelWorkers:
                 broadcast_object(self.groups, None)      # the workers' signal to stop
             except Exception:
                 pass
-        for p in self.processes:
-            if self._dead is not None:
+        if self._dead is not None:
+            for p in self.processes:
                 p.kill()        # the others cannot step without the dead one
-            p.join(timeout)
-            if p.is_alive():
+        self._watchdog.join(timeout)        # it returns once every worker is reaped
+        if self._watchdog.is_alive():
+            for p in self.processes:
                 p.kill()
-                p.join()
+            self._watchdog.join()
         for conn in self._pipes:
             conn.close()
         destroy_groups()
@@ -177,4 +181,4 @@ def _how_it_ended(code: int | None) -> str:
             return f"was killed by {signal.Signals(-code).name}"
         except ValueError:
             return f"was killed by signal {-code}"
-    return f"exited with code {code}"
+    return f"exited with code {code}" if code is not None else "exited"
