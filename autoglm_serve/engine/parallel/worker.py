@@ -28,7 +28,10 @@ logger = logging.getLogger(__name__)
 
 
 def run_worker(rank: int, port: int, settings, conn: Connection, log_level: int) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the server's to handle
+    # as the engine core's process: a Ctrl-C or group-wide SIGTERM is the server's to handle
+    # (it drains, then stops rank 0, which stops this worker)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=log_level, stream=sys.stdout,
                         format=f"%(asctime)s %(levelname)s tp-rank-{rank} %(name)s: %(message)s")
     threading.Thread(target=_exit_with_rank0, args=(conn,), daemon=True).start()
@@ -97,9 +100,8 @@ class Worker:
     def step(self, host_batch, images) -> None:
         runner = self.runner
         runner.bind_kv_cache()
-        runner._logits(host_batch, images)
-        n = len(host_batch.logits_index)
-        if n:
-            tokens = torch.empty(n, dtype=torch.int64, device=self.device)
+        logits = runner._logits(host_batch, images)
+        if logits is not None:     # gathered on every rank: as many rows as rank 0 samples
+            tokens = torch.empty(logits.shape[0], dtype=torch.int64, device=self.device)
             torch.distributed.broadcast(tokens, src=0)
             runner._prev_tokens = tokens
