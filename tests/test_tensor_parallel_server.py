@@ -1,7 +1,8 @@
 """The deployment guides' two-GPU command line, module name and all, served on CPUs over gloo
 with a tiny GLM-4.1V: it answers the real openai client; then one of its tensor-parallel
 workers is killed mid-stream, and the request fails with an error naming the worker and the
-server exits non-zero within seconds."""
+server exits non-zero within seconds. A worker that dies while the server is idle ends it too,
+its last words naming the worker."""
 import os
 import re
 import signal
@@ -56,6 +57,24 @@ def test_guides_line_serves_then_a_dead_worker_ends_the_server(model):
         assert time.monotonic() - killed < 20
         assert server.proc.returncode not in (0, None)
         assert "was killed by SIGKILL" in server.log(10**6)
+    finally:
+        server.stop(timeout=10)
+        left = wait_gone(server)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        assert not left, f"processes left behind by the server: {left}"
+
+
+def test_a_worker_dead_while_idle_ends_the_server_naming_it(model):
+    server = ServerProcess(["--model", str(model), "--tensor-parallel-size", "2",
+                            "--kv-cache-memory-gib", "0.05"])
+    server.start()
+    try:
+        os.kill(worker_pid(server), signal.SIGKILL)
+        server.proc.wait(timeout=30)
+        assert server.proc.returncode == 1
+        assert ("the engine core stopped: tensor-parallel worker rank 1 (pid "
+                in server.log(10**6))
     finally:
         server.stop(timeout=10)
         left = wait_gone(server)

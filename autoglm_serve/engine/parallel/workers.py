@@ -16,6 +16,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import wait
 
 import torch
@@ -33,7 +34,8 @@ logger = logging.getLogger(__name__)
 DEATH_NOTICE_S = 2.0
 # After a worker died, how long rank 0 gets to notice it itself before the watchdog acts.
 GRACE_S = 3.0
-START_TIMEOUT_S = 600.0
+# How long the report of an unnoticed death gets to reach the server before the exit.
+REPORT_FLUSH_S = 1.0
 
 
 class TensorParallelWorkers:
@@ -44,6 +46,8 @@ class TensorParallelWorkers:
         self.layout = ParallelLayout(0, self.world_size, config.mm_encoder_tp_mode)
         self.device = rank_device(device, 0)
         self.exit_process_on_death = False    # the server's core sets it (engine/process/)
+        # told the reason first, so the server's last words name the worker
+        self.report_death: Callable[[TensorParallelFailure], None] | None = None
         self._dead: str | None = None
         self._noticed = threading.Event()      # rank 0 raised on the death itself
         self._closing = False
@@ -147,6 +151,9 @@ class TensorParallelWorkers:
             return
         if self.exit_process_on_death:
             logger.critical("%s: the engine core exits", self._dead)
+            if self.report_death is not None:
+                self.report_death(TensorParallelFailure(self._dead))
+                time.sleep(REPORT_FLUSH_S)
             os._exit(1)
         abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
         if abort is not None and dist.is_initialized():   # blocked collectives raise
