@@ -32,7 +32,8 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = False
     async_scheduling: bool = True             # prepare step N+1 while the device runs step N
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = 1             # ranks, one process and device each
+    mm_encoder_tp_mode: str = "data"          # vision tower under TP: data | weights
     quantization: str | None = None           # awq | gptq | compressed-tensors | fp8 (vLLM's)
     kv_cache_dtype: str = "auto"              # auto (the model dtype) | fp8 (e4m3, scale 1.0)
     mm_encoder_quantization: str | None = None  # fp8: the vision tower's linears in FP8 W8A8
@@ -61,10 +62,11 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be >= 1")
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError("block_size must be one of 8, 16, 32, 64, 128")
-        if self.tensor_parallel_size != 1:
-            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} is not supported "
-                             "yet: this build serves on one GPU (the layers are TP-ready, the "
-                             "multi-GPU runner is not built)")
+        if self.tensor_parallel_size < 1:
+            raise ValueError("tensor_parallel_size must be >= 1")
+        if self.mm_encoder_tp_mode not in ("data", "weights"):
+            raise ValueError(f"mm_encoder_tp_mode must be data or weights, not "
+                             f"{self.mm_encoder_tp_mode!r}")
         if self.quantization is not None:
             from autoglm_serve.quantization.config import check_method_name
             check_method_name(self.quantization)

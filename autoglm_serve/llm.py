@@ -84,3 +84,7 @@ class LLM:
                 if out.finished:
                     finished[out.request_id] = out
         return [finished[r] for r in ids]
+
+    def shutdown(self) -> None:
+        """Stops the tensor-parallel workers, if any (they also stop when this process ends)."""
+        self.engine.shutdown()

@@ -86,7 +86,6 @@ def test_vllm_command_line(model, screenshot_url):
         assert prompt_ids(server, screenshot_url) == tokenizer(
             want, add_special_tokens=False)["input_ids"]
         log = server.log(200_000)
-        assert "--mm-encoder-tp-mode data: accepted, no effect here" in log
         assert "--mm-processor-cache-type shm: accepted, no effect here" in log
 
 
@@ -97,4 +96,3 @@ def test_sglang_command_line(model, screenshot_url):
         assert chunks[-1].choices[0].finish_reason in ("stop", "length")
         info = httpx.get(server.url("/v1/models"), timeout=10).json()["data"][0]
         assert info["id"] == "autoglm-phone-9b" and info.get("max_model_len") in (None, 25480)
-        assert "--mm-encoder-tp-mode data: accepted, no effect here" in server.log(200_000)

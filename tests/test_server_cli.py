@@ -72,7 +72,9 @@ def _run_cli(args: list[str], module: str = "autoglm_serve.cli") -> subprocess.C
     (["--quantization", "bitsandbytes"], "quantization='bitsandbytes' is not supported"),
     # the embedded model has no quantization_config: awq is refused once it is read
     (["--quantization", "awq"], "needs a checkpoint quantized with awq"),
-    (["--tensor-parallel-size", "2"], "tensor_parallel_size=2 is not supported"),
+    # the embedded SmolLM2's 9 heads and 3 KV heads split over 3 ranks, not 2
+    (["--tensor-parallel-size", "2"], "tensor_parallel_size=2 does not divide its 9 attention"),
+    (["--mm-encoder-tp-mode", "pixels"], "invalid choice"),
     (["--pipeline-parallel-size", "2"], "pipeline/data parallelism is not supported"),
     (["--chat-template", "/no/such/template.jinja"], "no such file"),
     (["a-model", "--model", "another-model"], "given twice"),

@@ -30,6 +30,9 @@ class LLMEngine:
     def abort(self, request_id: str) -> None:
         self.core.abort(self.frontend.output_processor.abort(request_id))
 
+    def shutdown(self) -> None:
+        self.core.shutdown()
+
     def has_unfinished(self) -> bool:
         return self.core.has_unfinished()
 

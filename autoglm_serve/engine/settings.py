@@ -32,6 +32,9 @@ def resolve_settings(config: EngineConfig, model: ResolvedModel | None = None) -
     settings that cannot work, before anything is loaded."""
     model = model or resolve(config)
     max_model_len, max_num_batched_tokens = _limits(config, model.config)
+    if config.tensor_parallel_size > 1:
+        from autoglm_serve.engine.parallel.distributed import check_shardable
+        check_shardable(model.config, config.tensor_parallel_size, config.mm_encoder_tp_mode)
     return EngineSettings(config, model, max_model_len, max_num_batched_tokens,
                           text_config(model.config).vocab_size)
 

@@ -91,6 +91,11 @@ class Glm4vForConditionalGeneration(nn.Module):
         """embed_images in steps: a VisionEncoding to advance block by block."""
         return self.visual.begin(pixel_values.to(self.visual_dtype), grid_thw)
 
+    def image_features_like(self, num_rows: int, device: torch.device) -> torch.Tensor:
+        """A buffer for the features of an image another tensor-parallel rank encodes."""
+        return torch.empty(num_rows, self.visual.out_hidden, dtype=self.visual_dtype,
+                           device=device)
+
     @property
     def visual_dtype(self) -> torch.dtype:
         return next(self.visual.parameters()).dtype

@@ -27,6 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from autoglm_serve.kernels import fused_kernels_on
 from autoglm_serve.models.layers.activation import SiluAndMul
 from autoglm_serve.models.layers.norm import RMSNorm
+from autoglm_serve.models.layers.parallel_state import mm_encoder_tp_mode, tp_rank, tp_world_size
 
 
 # SDPA kernels to try first on CUDA, in order (None: PyTorch's own choice). A phone screenshot
@@ -39,13 +40,23 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def _all_reduce(x: torch.Tensor, tp: int) -> torch.Tensor:
+    """The sum of the ranks' partial outputs of a tower sharded by weights."""
+    if tp > 1:
+        torch.distributed.all_reduce(x)
+    return x
+
+
 class VisionAttention(nn.Module):
-    def __init__(self, hidden: int, num_heads: int, qkv_bias: bool):
+    """tp > 1 (--mm-encoder-tp-mode weights): this rank's heads, the output summed."""
+
+    def __init__(self, hidden: int, num_heads: int, qkv_bias: bool, tp: int = 1):
         super().__init__()
-        self.num_heads = num_heads
+        self.tp = tp
+        self.num_heads = num_heads // tp
         self.head_dim = hidden // num_heads
-        self.qkv = nn.Linear(hidden, 3 * hidden, bias=qkv_bias)
-        self.proj = nn.Linear(hidden, hidden, bias=False)
+        self.qkv = nn.Linear(hidden, 3 * hidden // tp, bias=qkv_bias)
+        self.proj = nn.Linear(hidden // tp, hidden, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: list[int]) -> torch.Tensor:
         """cos, sin: [N, head_dim // 2] float32, shared by both halves of every head."""
@@ -62,7 +73,7 @@ class VisionAttention(nn.Module):
             q = (q.float() * c + _rotate_half(q.float()) * s).to(v.dtype)
             k = (k.float() * c + _rotate_half(k.float()) * s).to(v.dtype)
         out = self.attend(q, k, v, cu_seqlens)
-        return self.proj(out.reshape(n, -1))
+        return _all_reduce(self.proj(out.reshape(n, -1)), self.tp)
 
     @staticmethod
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: list[int]) -> torch.Tensor:
@@ -83,28 +94,31 @@ class VisionAttention(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)); gate and up are one fused Linear (gate rows first)."""
+    """down(silu(gate(x)) * up(x)); gate and up are one fused Linear (gate rows first). With
+    tp > 1, this rank's share of the inner width, the output summed."""
 
-    def __init__(self, dim: int, inner: int):
+    def __init__(self, dim: int, inner: int, tp: int = 1):
         super().__init__()
-        self.gate_up = nn.Linear(dim, 2 * inner, bias=False)
-        self.down = nn.Linear(inner, dim, bias=False)
+        self.tp = tp
+        self.gate_up = nn.Linear(dim, 2 * inner // tp, bias=False)
+        self.down = nn.Linear(inner // tp, dim, bias=False)
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.act(self.gate_up(x)))
+        return _all_reduce(self.down(self.act(self.gate_up(x))), self.tp)
 
 
 class VisionBlock(nn.Module):
     """x + attn(norm1(x)), then + mlp(norm2(.)), passed on as (last branch output, residual)
     so that every residual add is folded into the norm that follows it (one fused pass on CUDA)."""
 
-    def __init__(self, hidden: int, num_heads: int, mlp_dim: int, eps: float, qkv_bias: bool):
+    def __init__(self, hidden: int, num_heads: int, mlp_dim: int, eps: float, qkv_bias: bool,
+                 tp: int = 1):
         super().__init__()
         self.norm1 = RMSNorm(hidden, eps)
-        self.attn = VisionAttention(hidden, num_heads, qkv_bias)
+        self.attn = VisionAttention(hidden, num_heads, qkv_bias, tp)
         self.norm2 = RMSNorm(hidden, eps)
-        self.mlp = GatedMLP(hidden, mlp_dim)
+        self.mlp = GatedMLP(hidden, mlp_dim, tp)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
                 sin: torch.Tensor, cu_seqlens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,11 +131,11 @@ class VisionBlock(nn.Module):
 
 
 class PatchMerger(nn.Module):
-    def __init__(self, dim: int, inner: int):
+    def __init__(self, dim: int, inner: int, tp: int = 1):
         super().__init__()
         self.proj = nn.Linear(dim, dim, bias=False)
         self.norm = nn.LayerNorm(dim)
-        self.mlp = GatedMLP(dim, inner)
+        self.mlp = GatedMLP(dim, inner, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(F.gelu(self.norm(self.proj(x))))
@@ -163,6 +177,10 @@ class Glm4vVisionTower(nn.Module):
     def __init__(self, vision_config):
         super().__init__()
         c = vision_config
+        # sharded like the decoder only under --mm-encoder-tp-mode weights; else replicated
+        sharded = mm_encoder_tp_mode() == "weights"
+        self.tp = tp_world_size() if sharded else 1
+        self.rank = tp_rank() if sharded else 0
         self.hidden = c.hidden_size
         self.out_hidden = c.out_hidden_size
         self.num_heads = c.num_heads
@@ -177,12 +195,13 @@ class Glm4vVisionTower(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(self.pos_side ** 2, c.hidden_size))
         # GLM's block MLP is out_hidden wide (4096), not intermediate_size; the merger uses the latter
         self.blocks = nn.ModuleList(
-            VisionBlock(c.hidden_size, c.num_heads, c.out_hidden_size, c.rms_norm_eps, c.attention_bias)
+            VisionBlock(c.hidden_size, c.num_heads, c.out_hidden_size, c.rms_norm_eps,
+                        c.attention_bias, self.tp)
             for _ in range(c.depth)
         )
         self.post_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.downsample = nn.Linear(self.merge ** 2 * c.hidden_size, c.out_hidden_size, bias=True)
-        self.merger = PatchMerger(c.out_hidden_size, c.intermediate_size)
+        self.merger = PatchMerger(c.out_hidden_size, c.intermediate_size, self.tp)
         # half the head's pairs rotate with the row index, half with the column index
         quarter = torch.arange(0, head_dim // 2, 2, dtype=torch.float) / (head_dim // 2)
         self.register_buffer("inv_freq", 1.0 / (rope_theta ** quarter), persistent=False)
@@ -277,7 +296,26 @@ class Glm4vVisionTower(nn.Module):
                 self._load_one(name, tensor, put)
         return loaded
 
+    def _shard(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of a checkpoint tensor of a sharded tower: its heads of q, k and
+        v and the matching columns of the output projection, its rows of gate and up and
+        columns of down."""
+        if self.tp == 1:
+            return t
+        if name.endswith(("attn.qkv.weight", "attn.qkv.bias")):
+            part = t.shape[0] // 3 // self.tp
+            return t.view(3, -1, *t.shape[1:]).narrow(1, self.rank * part, part).reshape(
+                3 * part, *t.shape[1:])
+        if name.endswith(("gate_proj.weight", "up_proj.weight")):
+            part = t.shape[0] // self.tp
+            return t.narrow(0, self.rank * part, part)
+        if name.endswith(("attn.proj.weight", "down_proj.weight")):
+            part = t.shape[1] // self.tp
+            return t.narrow(1, self.rank * part, part)
+        return t
+
     def _load_one(self, name: str, t: torch.Tensor, put) -> None:
+        t = self._shard(name, t)
         simple = {
             "patch_embed.proj.bias": "patch_embed.bias",
             "post_conv_layernorm.weight": "post_conv_norm.weight",

@@ -50,7 +50,6 @@ class ServerSettings:
 NO_EFFECT = {
     "trust_remote_code": "autoglm-serve never runs model code from checkpoints",
     "revision": "the model is read from the path given",
-    "mm_encoder_tp_mode": "one GPU: the vision encoder is not sharded",
     "mm_processor_cache_type": "the encoder cache lives in the engine's own process",
     "disable_log_requests": "requests are not logged",
     "disable_uvicorn_access_log": "the access log is off unless --enable-access-log",
@@ -194,8 +193,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     mm.add_argument("--mm-encoder-quantization", default=None, choices=["fp8"],
                     help="fp8: the vision tower's linear layers in FP8 W8A8 (default: 16-bit, "
                          "whatever --quantization says)")
-    mm.add_argument("--mm-encoder-tp-mode", default=None,
-                    help="accepted for vLLM compatibility (one GPU: no difference)")
+    mm.add_argument("--mm-encoder-tp-mode", default="data", choices=["data", "weights"],
+                    help="under --tensor-parallel-size: the vision tower replicated, each rank "
+                         "encoding a share of the images (data), or sharded (weights)")
     mm.add_argument("--mm-processor-cache-type", default=None,
                     help="accepted for vLLM compatibility (our encoder cache is in-process)")
     s = p.add_argument_group("server")
@@ -293,7 +293,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         gpu_memory_utilization=args.gpu_memory_utilization, block_size=args.block_size,
         kv_cache_memory_gib=args.kv_cache_memory_gib, num_kv_blocks=args.num_gpu_blocks_override,
         seed=args.seed, enforce_eager=args.enforce_eager,
-        tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization,
+        tensor_parallel_size=args.tensor_parallel_size,
+        mm_encoder_tp_mode=args.mm_encoder_tp_mode, quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype, mm_encoder_quantization=args.mm_encoder_quantization,
         attention_backend=args.attention_backend, mm_processor_kwargs=args.mm_processor_kwargs,
         limit_mm_per_prompt=args.limit_mm_per_prompt,

@@ -75,13 +75,39 @@ class EngineCore:
         config = self.config = settings.config
         self.settings = settings
         self.device = config.resolve_device()
-        self.loaded = loaded or load_model(settings, self.device)
+        self.workers = None     # ranks 1..N-1 under tensor parallelism (engine/parallel/)
+        if config.tensor_parallel_size > 1:
+            if loaded is not None:
+                raise ValueError("a loaded model cannot be shared by a tensor-parallel engine")
+            from autoglm_serve.engine.parallel.workers import TensorParallelWorkers
+            self.workers = TensorParallelWorkers(settings, self.device)
+            self.device = self.workers.device
+        try:
+            self._start(settings, loaded)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start(self, settings: EngineSettings, loaded: LoadedModel | None) -> None:
+        config = self.config
+        if self.workers is not None:
+            self.loaded = self.workers.load_model(settings)
+        else:
+            self.loaded = loaded or load_model(settings, self.device)
         self.max_model_len = settings.max_model_len
         self.max_num_batched_tokens = settings.max_num_batched_tokens
         self.vocab_size = settings.vocab_size
         self.runner = self._make_runner()
         self.cache = size_kv_cache(config, self.runner, self.device, self.max_model_len,
                                    self.loaded)
+        if self.workers is not None:    # every rank's cache holds as many blocks
+            self.cache.num_blocks = self.workers.agree_min(self.cache.num_blocks)
+            self.runner.workers = self.workers
+            self.runner.layout = self.workers.layout
+            if config.mm_encoder_tp_mode == "weights":
+                # the sharded tower runs on every rank at once: images are encoded inside
+                # the step, not ahead of it on rank 0
+                self.runner.images = None
         self.runner.allocate_kv_cache(self.cache.num_blocks)
         self.kv = KVCacheManager(self.cache.num_blocks, config.block_size,
                                  config.enable_prefix_caching)
@@ -104,7 +130,10 @@ class EngineCore:
             check_fused_ops(self.device, self.loaded.dtype)
             gemv.self_check(self.device, self.loaded.dtype)   # before capture: it compiles
             self.runner.check_backend()
-            if not config.enforce_eager and self.runner.backend.name == "triton":
+            capture = self.runner.wants_cuda_graphs(config)
+            if self.workers is not None:
+                capture = bool(self.workers.agree_min(int(capture)))
+            if capture:
                 self.runner.capture_cuda_graphs()
             warm_up(self)
             compile_watch.watch()
@@ -116,6 +145,11 @@ class EngineCore:
                            self.max_num_batched_tokens, self.vocab_size,
                            self.config.resolve_kv_cache_dtype(self.loaded.dtype))
 
+    def shutdown(self) -> None:
+        """Stops the tensor-parallel workers (nothing to do on one device)."""
+        if self.workers is not None:
+            self.workers.close()
+
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         """A request the core cannot take (its seed does not seed) is failed alone; its error
@@ -123,6 +157,10 @@ class EngineCore:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
         try:
+            if request.sampling_params.prompt_logprobs is not None and self.workers is not None:
+                # computed on rank 0 alone, where the LM head's gather needs every rank
+                raise ValueError("prompt logprobs (echo) are not supported with tensor "
+                                 "parallelism yet")
             if request.seed is not None and request.generator is None:
                 # made here, on the logits' device: the front-end may have no access to it
                 request.generator = make_generator(request.seed, self.device)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 
 from autoglm_serve.engine.core.request import Request
+from autoglm_serve.engine.parallel.distributed import TensorParallelFailure
 from autoglm_serve.outputs import RequestError
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,8 @@ def is_fatal(exc: BaseException) -> bool:
     """An error no request could have caused alone, or one that leaves the device unusable."""
     if not isinstance(exc, Exception):
         return True                 # KeyboardInterrupt, SystemExit
+    if isinstance(exc, TensorParallelFailure):
+        return True                 # the ranks are out of lockstep
     if is_out_of_memory(exc):
         return False
     accelerator_error = getattr(torch, "AcceleratorError", None)

@@ -30,6 +30,10 @@ class HostBatch:
     feed_at: np.ndarray          # flat token slots whose id is still on the GPU (in flight)...
     feed_from: np.ndarray        # ...and where it sits in the previous step's sampled tokens
 
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens)    # batch is not sent to tensor-parallel workers
+
 
 def fill_mrope_positions(out: np.ndarray, q0: int, req: Request, start: int,
                           end: int) -> None:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from autoglm_serve.engine.core.fault_injection import FaultInjector
-from autoglm_serve.engine.core.image_embedding import embed_images
+from autoglm_serve.engine.core.image_embedding import ImageStep, embed_step_images, plan_images
 from autoglm_serve.engine.core.image_encoder import ImageEncoder
 from autoglm_serve.engine.core.input_batch import HostBatch, build_host_batch
 from autoglm_serve.engine.core.kv_cache import BlockTable
@@ -22,6 +22,7 @@ from autoglm_serve.engine.core.request import Request
 from autoglm_serve.engine.core.sampler import Sampler, SamplerOutput, SamplingRow
 from autoglm_serve.engine.core.scheduler import ScheduledRequest
 from autoglm_serve.engine.core.token_counts import DeviceTokenCounts
+from autoglm_serve.engine.parallel.layout import SINGLE
 from autoglm_serve.host_transfer import to_device
 from autoglm_serve.structured.bitmask import fill_step_bitmask
 from autoglm_serve.models.layers.attention import Attention, AttentionBackend, AttentionMetadata
@@ -110,6 +111,10 @@ class ModelRunner:
         # requests whose prompt logprobs are still to compute (the core keeps it)
         self.prompt_logprob_ids: set[str] = set()
         self._prompt_chunks: list[PromptLogprobChunk] = []
+        # tensor parallelism (engine/parallel/): this rank's place, and on rank 0 the workers
+        # that run each step with it
+        self.layout = SINGLE
+        self.workers = None
 
     # ---- KV cache -------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:
@@ -146,7 +151,7 @@ class ModelRunner:
 
     def device_inputs(self, hb: HostBatch):
         meta = AttentionMetadata(
-            num_seqs=len(hb.batch), num_decodes=hb.num_decodes, num_tokens=len(hb.input_ids),
+            num_seqs=hb.num_seqs, num_decodes=hb.num_decodes, num_tokens=len(hb.input_ids),
             max_query_len=hb.max_query_len, max_seq_len=int(hb.seq_lens.max()),
             query_start_loc=self._to_device(hb.query_start, torch.int32),
             seq_lens=self._to_device(hb.seq_lens, torch.int32),
@@ -174,14 +179,17 @@ class ModelRunner:
         self.model.bound_runner = None
         self.bind_kv_cache()
 
+    def wants_cuda_graphs(self, config) -> bool:
+        return not config.enforce_eager and self.backend.name == "triton"
+
     def capture_cuda_graphs(self) -> None:
         from autoglm_serve.engine.core.cuda_graphs import DecodeGraphs
         self.graphs = DecodeGraphs(self.model, self.device, self.max_num_seqs,
                                    self.max_blocks_per_seq, self.uses_mrope)
         self.graphs.capture(self.max_model_len)
 
-    def _logits(self, hb: HostBatch) -> torch.Tensor | None:
-        n = len(hb.batch)
+    def _logits(self, hb: HostBatch, images: ImageStep | None) -> torch.Tensor | None:
+        n = hb.num_seqs
         self._prompt_chunks = []
         if (self.graphs is not None and hb.num_decodes == n and n <= self.graphs.max_size
                 and not hb.has_images and not self.prompt_logprob_ids):
@@ -191,13 +199,13 @@ class ModelRunner:
             return self.graphs.replay(n)
         ids, pos, meta, logits_index = self.device_inputs(hb)
         self._feed(ids, hb)
-        inputs_embeds = embed_images(self.model, self.encoder_cache, hb.batch, ids) \
-            if hb.has_images and self.encoder_cache is not None else None
+        inputs_embeds = embed_step_images(self.model, images, ids, self.encoder_cache,
+                                          self.layout) if images is not None else None
         hidden = self.model(ids, pos, meta, inputs_embeds=inputs_embeds)
         if self.prompt_logprob_ids:
             self._prompt_chunks = prompt_logprob_chunks(
                 self.model, hidden, hb.batch, hb.query_start, self.prompt_logprob_ids)
-        if not hb.sampling:
+        if not len(hb.logits_index):
             return None
         return self.model.compute_logits(hidden[logits_index])
 
@@ -225,7 +233,16 @@ class ModelRunner:
         if self.faults is not None:
             self.faults.check(scheduled)
         hb = self.prepare_host(scheduled)
-        logits = self._logits(hb)
+        images = plan_images(self.encoder_cache, hb.batch) \
+            if hb.has_images and self.encoder_cache is not None else None
+        if self.workers is None:
+            return self._run(hb, images)
+        self.workers.send_step(hb, images)
+        # the workers now run this step: a failure here leaves them mid-step, out of lockstep
+        return self.workers.collective(lambda: self._run(hb, images))
+
+    def _run(self, hb: HostBatch, images: ImageStep | None) -> InFlightStep:
+        logits = self._logits(hb, images)
         chunks = self._prompt_chunks or None
         if logits is None:
             return InFlightStep([], None, None, None, chunks is not None, chunks)
@@ -253,6 +270,8 @@ class ModelRunner:
             tokens = out.sampled_token_ids
             if slots is not None:
                 self.token_counts.record(slots, tokens)
+        if self.workers is not None:
+            self.workers.share_tokens(tokens)
         self._prev_tokens = tokens
         self._prev_rows = {r.request_id: i for i, r in enumerate(sampling)}
         done = None

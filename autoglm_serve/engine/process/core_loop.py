@@ -22,6 +22,9 @@ def run_core_loop(core: EngineCore, inbox: queue.Queue,
     a line on the engine's pace is logged that often while it works."""
     last_stats = None
     stats_logger = StatsLogger(log_stats_interval_s) if log_stats_interval_s else None
+    if core.workers is not None:
+        # a server that lost a tensor-parallel worker while idle exits rather than wait
+        core.workers.exit_process_on_death = True
     try:
         while True:
             prompt_tokens_before = core.num_prompt_tokens_total
@@ -48,6 +51,7 @@ def run_core_loop(core: EngineCore, inbox: queue.Queue,
     finally:
         if stats_logger is not None:
             stats_logger.close()
+        core.shutdown()
 
 
 def _arrived(inbox: queue.Queue, block: bool) -> Iterator:

@@ -66,6 +66,8 @@ def run_core_process(settings: EngineSettings, conn: Connection, log_level: int)
     outbox: queue.Queue = queue.Queue()
     sender = threading.Thread(target=_send, args=(channel, outbox), name="core-output")
     sender.start()
+    if core.workers is not None:    # a tensor-parallel worker that died while we were idle
+        core.workers.report_death = lambda exc: outbox.put(CoreFailed(exc, ""))
     exit_code = 0
     try:
         run_core_loop(core, _SocketInbox(channel),
