@@ -493,8 +493,8 @@ def test_bitmask_and_logit_bias():
     # through the sampler: a +100 bias forces token 5 (allowed), a masked token never wins
     rows = [SamplingRow(SamplingParams(temperature=1.0, logit_bias={5: 100.0}), [], [])
             for _ in range(3)]
-    out = Sampler().sample(logits, rows, mask)
+    out = Sampler().sample(logits, rows, bitmask=mask)
     assert out.sampled_token_ids.tolist() == [5, 5, 5]
     rows = [SamplingRow(SamplingParams(temperature=0.0), [], []) for _ in range(3)]
-    tokens = Sampler().sample(logits, rows, mask).sampled_token_ids.tolist()
+    tokens = Sampler().sample(logits, rows, bitmask=mask).sampled_token_ids.tolist()
     assert tokens == logits.masked_fill(~allowed, float("-inf")).argmax(-1).tolist()
