@@ -1,0 +1,74 @@
+"""Prefix-cache hit rate of the same conversations on one `serve` process, on a 2-replica
+`autoglm-serve cluster` with the affinity router, and on one with Ray Serve's default
+(power-of-two) router, side by side. CPU is enough (embedded default model):
+
+    OMP_NUM_THREADS=1 python scripts/cluster_prefix_affinity.py [--conversations 12 --turns 3]
+
+Prints one line per setup and exits 1 if affinity is below 90% of one server or below twice
+the default router's rate."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from autoglm_serve.bench.conversations import prefix_counters, run_conversations  # noqa: E402
+from autoglm_serve.bench.server_process import ServerProcess, free_port  # noqa: E402
+
+MODEL = "smol"
+ENGINE = ["--max-model-len", "1024", "--kv-cache-memory-gib", "0.25", "--served-model-name",
+          MODEL, "--no-engine-process", "--max-num-seqs", "16"]
+CLUSTER = ["--replicas", "2", "--replica-cpus", "0.5", "--replica-stats-period-s", "0.5"]
+
+
+def measure(name: str, argv: list[str], conversations: int, turns: int) -> float:
+    port = free_port()
+    cmd = [sys.executable, "-m", "autoglm_serve.cli", *argv, "--host", "127.0.0.1",
+           "--port", str(port)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    server = ServerProcess(cmd, port, tempfile.mkstemp(suffix=".log")[1], env=env, cwd=ROOT)
+    server.start(600)
+    try:
+        run = run_conversations(server.base_url, MODEL, conversations, turns, seed=7)
+        assert set(run.statuses) == {200}, run.statuses
+        expected = conversations * turns
+        while True:   # a cluster's replicas report their counters every 0.5 s
+            text = httpx.get(server.url("/metrics"), timeout=30).text
+            finished = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                           if line.startswith("vllm:request_success_total"))
+            if finished >= expected:
+                break
+        hits, queries = prefix_counters(text)
+        stays = sum(len(set(t)) == 1 for t in run.replicas)
+        print(f"{name:28s} hit rate {hits / queries:.3f}  ({hits:.0f}/{queries:.0f} tokens; "
+              f"conversations on one replica: {stays}/{conversations})", flush=True)
+        return hits / queries
+    finally:
+        server.stop()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--conversations", type=int, default=12)
+    p.add_argument("--turns", type=int, default=3)
+    a = p.parse_args()
+    one = measure("one serve process", ["serve", *ENGINE], a.conversations, a.turns)
+    affinity = measure("cluster, affinity router", ["cluster", *ENGINE, *CLUSTER],
+                       a.conversations, a.turns)
+    random = measure("cluster, power-of-two router",
+                     ["cluster", *ENGINE, *CLUSTER, "--request-router", "power-of-two"],
+                     a.conversations, a.turns)
+    print(f"affinity / one server = {affinity / one:.2f} (>= 0.9); "
+          f"affinity / power-of-two = {affinity / random:.2f} (>= 2)")
+    return 0 if affinity >= 0.9 * one and affinity >= 2 * random else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
