@@ -31,14 +31,15 @@ def task_text(seed: int, words: int = 60) -> str:
 
 
 def run_conversations(base_url: str, model: str, conversations: int = 12, turns: int = 3,
-                      seed: int = 0, max_tokens: int = 4, timeout: float = 300
-                      ) -> ConversationRun:
-    """All conversations at once, each turn after the previous one's answer."""
+                      seed: int = 0, max_tokens: int = 4, timeout: float = 300,
+                      system_prompt: str = SYSTEM_PROMPT) -> ConversationRun:
+    """All conversations at once, each turn after the previous one's answer (no system
+    message when ``system_prompt`` is empty)."""
     run = ConversationRun(replicas=[[] for _ in range(conversations)])
 
     def one(index: int) -> None:
-        messages = [{"role": "system", "content": SYSTEM_PROMPT},
-                    {"role": "user", "content": task_text(seed * 1000 + index)}]
+        messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        messages.append({"role": "user", "content": task_text(seed * 1000 + index)})
         with httpx.Client(timeout=timeout, trust_env=False) as http:
             for turn in range(turns):
                 r = http.post(f"{base_url}/v1/chat/completions", json={

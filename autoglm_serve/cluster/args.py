@@ -9,8 +9,7 @@ from autoglm_serve.server.args import add_serve_args
 ROUTERS = {
     "affinity": "autoglm_serve.cluster.router.ConversationAffinityRouter",
     # Ray Serve's default: two random replicas, the less loaded one (no prefix awareness)
-    "power-of-two": "ray.serve._private.request_router.pow_2_router."
-                    "PowerOfTwoChoicesRequestRouter",
+    "power-of-two": "autoglm_serve.cluster.router.PowerOfTwoRouter",
 }
 
 

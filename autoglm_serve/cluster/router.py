@@ -13,6 +13,7 @@ from collections import OrderedDict
 from typing import Optional
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
 
 # The module, not its names: Ray pickles this file by value (routing_state.py says why).
 from autoglm_serve.cluster import routing_state
@@ -28,7 +29,22 @@ def prefix_keys_of(pending_request: Optional[PendingRequest]) -> list[str]:
     return []
 
 
-class ConversationAffinityRouter(RequestRouter):
+class _ReportsReplicas:
+    """Registers the router with the ingress, which reads the replicas' reports through it."""
+
+    def _register(self) -> None:
+        routing_state.ACTIVE_ROUTERS.add(self)
+
+
+class PowerOfTwoRouter(_ReportsReplicas, PowerOfTwoChoicesRequestRouter):
+    """Ray Serve's default routing (the less loaded of two random replicas), for comparison."""
+
+    def initialize_state(self, **kwargs):
+        super().initialize_state(**kwargs)
+        self._register()
+
+
+class ConversationAffinityRouter(_ReportsReplicas, RequestRouter):
     def initialize_state(self, imbalance_threshold: int = 8, max_keys: int = 200_000):
         self.imbalance_threshold = imbalance_threshold
         self.max_keys = max_keys
@@ -39,7 +55,7 @@ class ConversationAffinityRouter(RequestRouter):
         # conversations each replica was given: breaks ties of load, so that one-at-a-time
         # new conversations still spread
         self._conversations: dict[ReplicaID, int] = {}
-        routing_state.ACTIVE_ROUTERS.add(self)   # the ingress's /metrics finds it there
+        self._register()
 
     def _load(self, replica_id: ReplicaID) -> int:
         pending = sum(1 for target, _ in self._intended.values() if target == replica_id)
@@ -101,7 +117,3 @@ class ConversationAffinityRouter(RequestRouter):
     def on_replica_actor_died(self, replica_id: ReplicaID):
         super().on_replica_actor_died(replica_id)
         self._in_flight.pop(replica_id, None)
-
-    def replica_stats(self) -> list[dict]:
-        """What each live replica last reported (its record_routing_stats)."""
-        return [dict(r.routing_stats or {}) for r in self.curr_replicas.values()]
