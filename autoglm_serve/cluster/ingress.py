@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from autoglm_serve.cluster.affinity import request_prefix_keys
 from autoglm_serve.cluster.forwarding import ForwardedRequest
 from autoglm_serve.cluster.metrics import render_cluster_metrics
-from autoglm_serve.cluster.routing_state import ACTIVE_ROUTERS, REGISTRY
+from autoglm_serve.cluster.routing_state import REGISTRY, replica_reports
 from autoglm_serve.server.errors import OpenAIError
 
 logger = logging.getLogger("autoglm_serve.cluster")
@@ -90,8 +90,7 @@ class Ingress:
     async def __call__(self, request: Request) -> Response:
         path = request.url.path
         if path == "/metrics" and request.method == "GET":
-            reports = [r for router in list(ACTIVE_ROUTERS) for r in router.replica_stats()]
-            return Response(render_cluster_metrics(reports),
+            return Response(render_cluster_metrics(replica_reports()),
                             media_type="text/plain; version=0.0.4; charset=utf-8")
         body = await request.body()
         forwarded = ForwardedRequest(request.method, path, request.scope.get("query_string", b""),

@@ -29,22 +29,17 @@ def prefix_keys_of(pending_request: Optional[PendingRequest]) -> list[str]:
     return []
 
 
-class _ReportsReplicas:
-    """Registers the router with the ingress, which reads the replicas' reports through it."""
-
-    def _register(self) -> None:
-        routing_state.ACTIVE_ROUTERS.add(self)
-
-
-class PowerOfTwoRouter(_ReportsReplicas, PowerOfTwoChoicesRequestRouter):
+# No shared base class or mixin here: Ray pickles this module by value, and cloudpickle 3
+# rebuilds a by-value base class without its methods; each router registers itself.
+class PowerOfTwoRouter(PowerOfTwoChoicesRequestRouter):
     """Ray Serve's default routing (the less loaded of two random replicas), for comparison."""
 
     def initialize_state(self, **kwargs):
         super().initialize_state(**kwargs)
-        self._register()
+        routing_state.ACTIVE_ROUTERS.add(self)
 
 
-class ConversationAffinityRouter(_ReportsReplicas, RequestRouter):
+class ConversationAffinityRouter(RequestRouter):
     def initialize_state(self, imbalance_threshold: int = 8, max_keys: int = 200_000):
         self.imbalance_threshold = imbalance_threshold
         self.max_keys = max_keys
@@ -55,7 +50,7 @@ class ConversationAffinityRouter(_ReportsReplicas, RequestRouter):
         # conversations each replica was given: breaks ties of load, so that one-at-a-time
         # new conversations still spread
         self._conversations: dict[ReplicaID, int] = {}
-        self._register()
+        routing_state.ACTIVE_ROUTERS.add(self)   # the ingress's /metrics finds it there
 
     def _load(self, replica_id: ReplicaID) -> int:
         pending = sum(1 for target, _ in self._intended.values() if target == replica_id)

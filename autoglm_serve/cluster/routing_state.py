@@ -23,3 +23,9 @@ for _decision in ("affinity", "fallback", "new", "no_prefix"):
     ROUTING_DECISIONS.labels(_decision)
 
 ACTIVE_ROUTERS: weakref.WeakSet = weakref.WeakSet()
+
+
+def replica_reports() -> list[dict]:
+    """What each live replica last reported to the routers (its record_routing_stats)."""
+    return [dict(replica.routing_stats or {}) for router in list(ACTIVE_ROUTERS)
+            for replica in router.curr_replicas.values()]
