@@ -33,6 +33,17 @@ ENGINE = ["--max-model-len", "1024", "--kv-cache-memory-gib", "0.25", "--served-
 CLUSTER = ["--replica-cpus", "0.5", "--replica-stats-period-s", "0.5"]
 
 
+def wait_replicas(server: ServerProcess, n: int) -> None:
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        httpx.get(server.url("/health"), timeout=60)   # the router reports once it routed
+        text = httpx.get(server.url("/metrics"), timeout=30).text
+        if text.count("autoglm:replica_info{") >= n:
+            return
+        time.sleep(1)
+    raise RuntimeError(f"fewer than {n} replicas after 600 s")
+
+
 def measure(name: str, argv: list[str], a: argparse.Namespace) -> float:
     port = free_port()
     cmd = [sys.executable, "-m", "autoglm_serve.cli", *argv, "--host", "127.0.0.1",
@@ -41,6 +52,8 @@ def measure(name: str, argv: list[str], a: argparse.Namespace) -> float:
     server = ServerProcess(cmd, port, tempfile.mkstemp(suffix=".log")[1], env=env, cwd=ROOT)
     server.start(600)
     try:
+        if "cluster" in argv:   # /health answers once one replica is up: wait for all
+            wait_replicas(server, a.replicas)
         run = run_conversations(server.base_url, MODEL, a.conversations, a.turns, seed=7,
                                 system_prompt="" if a.no_system_prompt else SYSTEM_PROMPT)
         assert set(run.statuses) == {200}, run.statuses
@@ -57,8 +70,9 @@ def measure(name: str, argv: list[str], a: argparse.Namespace) -> float:
             time.sleep(0.5)
         hits, queries = prefix_counters(text)
         stays = sum(len(set(t)) == 1 for t in run.replicas)
+        used = len({r for t in run.replicas for r in t})
         print(f"{name:28s} hit rate {hits / queries:.3f}  ({hits:.0f}/{queries:.0f} tokens; "
-              f"conversations on one replica: {stays}/{a.conversations})", flush=True)
+              f"conversations on one replica: {stays}/{a.conversations}; replicas used: {used})", flush=True)
         return hits / queries
     finally:
         server.stop()
