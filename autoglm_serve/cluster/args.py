@@ -10,6 +10,7 @@ ROUTERS = {
     "affinity": "autoglm_serve.cluster.router.ConversationAffinityRouter",
     # Ray Serve's default: two random replicas, the less loaded one (no prefix awareness)
     "power-of-two": "autoglm_serve.cluster.router.PowerOfTwoRouter",
+    "random": "autoglm_serve.cluster.router.RandomRouter",   # a baseline for benchmarks
 }
 
 
@@ -43,7 +44,7 @@ def add_cluster_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "cluster has GPUs and --device is not cpu, else 0)")
     c.add_argument("--request-router", default="affinity", choices=sorted(ROUTERS),
                    help="affinity: a conversation stays on the replica holding its prefix; "
-                        "power-of-two: Ray Serve's default")
+                        "power-of-two: Ray Serve's default; random: a baseline")
     c.add_argument("--affinity-imbalance-threshold", type=int, default=8,
                    help="a conversation leaves its replica when that one has more than this "
                         "many requests in flight beyond the least loaded one")

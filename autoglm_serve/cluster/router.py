@@ -9,6 +9,7 @@ router while none has room.
 """
 from __future__ import annotations
 
+import random
 from collections import OrderedDict
 from typing import Optional
 
@@ -37,6 +38,22 @@ class PowerOfTwoRouter(PowerOfTwoChoicesRequestRouter):
     def initialize_state(self, **kwargs):
         super().initialize_state(**kwargs)
         routing_state.ACTIVE_ROUTERS.add(self)
+
+
+class RandomRouter(RequestRouter):
+    """Any replica, uniformly (a full one is skipped for the others): the baseline that
+    routing for affinity is measured against."""
+
+    def initialize_state(self, **kwargs):
+        routing_state.ACTIVE_ROUTERS.add(self)
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: Optional[PendingRequest] = None
+                              ) -> list[list[RunningReplica]]:
+        if pending_request is not None:
+            pending_request.routing_context.should_backoff = True
+        shuffled = random.sample(candidate_replicas, len(candidate_replicas))
+        return [shuffled[:1], shuffled[1:]] if shuffled else []
 
 
 class ConversationAffinityRouter(RequestRouter):
