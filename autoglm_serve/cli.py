@@ -15,6 +15,12 @@ def build_parser() -> argparse.ArgumentParser:
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_serve_args(serve)
     serve.set_defaults(func=_serve)
+    cluster = sub.add_parser("cluster", help="engine replicas on Ray Serve behind one "
+                             "OpenAI endpoint (needs ray[serve])",
+                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    from autoglm_serve.cluster.args import add_cluster_args
+    add_cluster_args(cluster)
+    cluster.set_defaults(func=_cluster)
     try:
         from autoglm_serve.bench.cli import add_bench_subcommands, add_tune_subcommand
     except ImportError:   # a build without the benchmark tools still serves
@@ -28,6 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _serve(args: argparse.Namespace) -> int:
     from autoglm_serve.server.launch import run_server
     return run_server(args)
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    from autoglm_serve.cluster.launch import run_cluster
+    return run_cluster(args)
 
 
 def main(argv: list[str] | None = None) -> int:
