@@ -1,0 +1,92 @@
+"""The built-in calibration set: short phone-agent and assistant conversations, rendered with the
+model's own chat template; for a vision model each agent turn carries a synthetic screenshot.
+
+Deterministic (a function of the sample count and the model's tokenizer) and bounded: at most
+`max_tokens` text tokens a sample, screenshots downscaled to `max_pixels`.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from autoglm_serve.bench.phone_agent import SYSTEM_PROMPT, TASKS, fallback_reply
+
+# General assistant turns beside the agent ones, so that plain chat is calibrated too.
+CHAT_TURNS = [
+    ("What is the capital of France?", "The capital of France is Paris."),
+    ("Write a haiku about the sea.", "Waves fold into foam,\nsalt wind carries gull voices,\nthe tide keeps its time."),
+    ("Explain what a GPU is in one sentence.", "A GPU is a processor with thousands of small cores that run the same operation on many numbers at once, which makes it fast for graphics and neural networks."),
+    ("List three fruits that are red.", "Strawberries, cherries and red apples."),
+    ("How do I turn on Wi-Fi on an Android phone?", "Swipe down from the top of the screen to open quick settings, then tap the Wi-Fi tile. You can also open Settings, choose Network and internet, and switch Wi-Fi on."),
+    ("Translate 'good morning' into Spanish.", "Good morning in Spanish is 'buenos dias'."),
+    ("What is 12 times 7?", "12 times 7 is 84."),
+    ("Give me a tip for writing clean Python code.", "Give functions and variables names that say what they hold, and keep each function doing one thing."),
+]
+
+
+@dataclass
+class CalibrationSample:
+    input_ids: torch.Tensor                 # [1, T]
+    pixel_values: torch.Tensor | None = None
+    image_grid_thw: torch.Tensor | None = None
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        inputs = {"input_ids": self.input_ids}
+        if self.pixel_values is not None:
+            inputs.update(pixel_values=self.pixel_values, image_grid_thw=self.image_grid_thw)
+        return inputs
+
+
+def conversations(num_samples: int, with_images: bool) -> list[list[dict]]:
+    """Alternating agent steps and chat turns; an agent step's user turn holds one image part."""
+    rnd = random.Random(0)
+    out = []
+    for i in range(num_samples):
+        if i % 2 == 0:
+            agent, step = i // 2, rnd.randint(0, 3)
+            task = TASKS[agent % len(TASKS)]
+            text = f'{task}\n\n** Screen Info **\n{{"current_app": "app-{agent % 7}", "step": {step}}}'
+            user = [{"type": "image"}, {"type": "text", "text": text}] if with_images else text
+            # a different slice of the agent's system prompt per sample: the same text in every
+            # sample would dominate the statistics (measured: GPTQ then loses to RTN on prose)
+            start = rnd.randint(0, len(SYSTEM_PROMPT) - 800)
+            system = SYSTEM_PROMPT[start: start + 300 + rnd.randint(0, 500)]
+            out.append([{"role": "system", "content": system},
+                        {"role": "user", "content": user},
+                        {"role": "assistant", "content": fallback_reply(agent, step)}])
+        else:
+            question, answer = CHAT_TURNS[(i // 2) % len(CHAT_TURNS)]
+            out.append([{"role": "user", "content": question},
+                        {"role": "assistant", "content": answer}])
+    return out
+
+
+def calibration_samples(tokenizer, num_samples: int = 32, max_tokens: int = 512,
+                        image_dir=None, image_token_id: int | None = None,
+                        max_pixels: int = 500_000) -> list[CalibrationSample]:
+    """`image_dir` (the checkpoint's preprocessor config) and `image_token_id` turn screenshots
+    on: a vision model is calibrated on the image tokens it will see."""
+    with_images = image_token_id is not None
+    processor = None
+    if with_images:
+        from autoglm_serve.multimodal.image_processor import Glm4vImageProcessor
+        processor = Glm4vImageProcessor.from_pretrained(image_dir, max_pixels=max_pixels)
+    samples = []
+    for i, messages in enumerate(conversations(num_samples, with_images)):
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        has_image = with_images and image_token_id in ids
+        if not has_image:
+            samples.append(CalibrationSample(torch.tensor([ids[:max_tokens]])))
+            continue
+        from autoglm_serve.bench.screenshots import render_screenshot
+        from autoglm_serve.multimodal.prompt import expand_image_tokens
+        pixel_values, grid, _ = processor.batch([render_screenshot(0, i, 0)])
+        # the text after the image is what gets cut: the image's tokens stay whole
+        expanded = expand_image_tokens(ids, image_token_id, grid)
+        start, n = expanded.image_ranges[0]
+        expanded = expanded.token_ids[: max(max_tokens, start + n + 1)]
+        samples.append(CalibrationSample(torch.tensor([expanded]), pixel_values, grid))
+    return samples
