@@ -31,12 +31,19 @@ class CalibrationSample:
     input_ids: torch.Tensor                 # [1, T]
     pixel_values: torch.Tensor | None = None
     image_grid_thw: torch.Tensor | None = None
+    mm_token_type_ids: torch.Tensor | None = None   # 1 at image tokens (transformers' M-RoPE needs it)
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
         inputs = {"input_ids": self.input_ids}
         if self.pixel_values is not None:
-            inputs.update(pixel_values=self.pixel_values, image_grid_thw=self.image_grid_thw)
+            inputs.update(pixel_values=self.pixel_values, image_grid_thw=self.image_grid_thw,
+                          mm_token_type_ids=self.mm_token_type_ids)
         return inputs
+
+    def to(self, device: str) -> "CalibrationSample":
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return CalibrationSample(move(self.input_ids), move(self.pixel_values),
+                                 move(self.image_grid_thw), move(self.mm_token_type_ids))
 
 
 def conversations(num_samples: int, with_images: bool) -> list[list[dict]]:
@@ -88,5 +95,7 @@ def calibration_samples(tokenizer, num_samples: int = 32, max_tokens: int = 512,
         expanded = expand_image_tokens(ids, image_token_id, grid)
         start, n = expanded.image_ranges[0]
         expanded = expanded.token_ids[: max(max_tokens, start + n + 1)]
-        samples.append(CalibrationSample(torch.tensor([expanded]), pixel_values, grid))
+        input_ids = torch.tensor([expanded])
+        samples.append(CalibrationSample(input_ids, pixel_values, grid,
+                                         (input_ids == image_token_id).long()))
     return samples

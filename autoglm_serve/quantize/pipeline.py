@@ -67,11 +67,7 @@ def _samples(source: SourceModel, num_samples: int, max_tokens: int, device: str
     image_token_id = getattr(source.model.config, "image_token_id", None) if source.is_vision else None
     samples = calibration_samples(source.tokenizer, num_samples, max_tokens, image_dir=source.files_dir,
                                   image_token_id=image_token_id)
-    for s in samples:
-        s.input_ids = s.input_ids.to(device)
-        if s.pixel_values is not None:
-            s.pixel_values, s.image_grid_thw = s.pixel_values.to(device), s.image_grid_thw.to(device)
-    return samples
+    return [s.to(device) for s in samples]
 
 
 def _to_cpu(q: QuantizedWeight) -> QuantizedWeight:
