@@ -109,4 +109,45 @@ def test_cli_quantize_and_bad_group_size(tmp_path, capsys):
         main(["quantize", str(source), "--method", "rtn", "--act-order", "--out", str(tmp_path / "bad")])
     with pytest.raises(SystemExit) as help_exit:
         main(["quantize", "--help"])
-    assert help_exit.value.code == 0 and "--method {rtn,gptq,fp8}" in capsys.readouterr().out
+    assert help_exit.value.code == 0 and "--method {rtn,gptq,awq,fp8}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("arch", ["glm4v", "llama"])
+def test_awq_scales_leave_the_unquantized_function_unchanged(tmp_path, arch):
+    """Folding 1/s into the norm or the previous Linear undoes W*s exactly (before rounding):
+    GLM-4.1V's fused gate_up, Llama's gate/up and, without GQA, v -> o."""
+    from transformers import AutoModelForCausalLM, Glm4vForConditionalGeneration
+
+    from autoglm_serve.quantize.awq import balance_groups, search_and_apply_scales
+    from autoglm_serve.quantize.schemes import weight_args
+    from autoglm_serve.quantize.sequential import decoder_layers
+    from tiny_models import build_tiny_decoder
+
+    if arch == "glm4v":
+        model = Glm4vForConditionalGeneration.from_pretrained(make_tiny_glm4v(tmp_path), dtype=torch.float32)
+        expected = 3
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            build_tiny_decoder(tmp_path, "llama", num_key_value_heads=4)[0], dtype=torch.float32)
+        expected = 4
+    model.eval()
+    with torch.no_grad():
+        before = model(IDS).logits
+    torch.manual_seed(0)
+    for layer in decoder_layers(model)[1]:
+        groups = balance_groups(layer)
+        assert len(groups) == expected
+        for group in groups:
+            x = torch.randn(64, group.linears[0].in_features).abs() * torch.rand(group.linears[0].in_features) * 4
+            assert search_and_apply_scales(group, x, weight_args("awq", 32), torch.float32, alphas=[0.5]) == 0.5
+    with torch.no_grad():
+        after = model(IDS).logits
+    assert torch.allclose(after, before, atol=1e-4, rtol=1e-4)
+
+
+def test_awq_checkpoint_loads(tmp_path):
+    source, out = make_tiny_quantized_glm4v(tmp_path, "awq")
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qc["format"] == "pack-quantized"
+    cos = torch.nn.functional.cosine_similarity(_logits(out, IDS).flatten(), _logits(source, IDS).flatten(), dim=0)
+    assert cos > 0.97             # random weights, random-ish activations: loose, it proves loading

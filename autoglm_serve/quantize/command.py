@@ -12,7 +12,7 @@ def add_quantize_subcommand(subparsers: argparse._SubParsersAction) -> argparse.
     p = subparsers.add_parser(
         "quantize", help="write a W4A16 or FP8 compressed-tensors checkpoint (vLLM and transformers load it)",
         description="Quantize MODEL (default: the embedded SmolLM2-135M-Instruct) and write a "
-                    "compressed-tensors checkpoint to --out. W4A16 (rtn, gptq): symmetric int4 "
+                    "compressed-tensors checkpoint to --out. W4A16 (rtn, gptq, awq): symmetric int4 "
                     "weights in groups, packed. fp8: float8 weights per output channel, activations "
                     "per token at run time. lm_head and a vision tower stay unquantized. Serve the "
                     "result with `autoglm-serve serve DIR --quantization compressed-tensors`.",
@@ -20,8 +20,8 @@ def add_quantize_subcommand(subparsers: argparse._SubParsersAction) -> argparse.
     p.add_argument("model", nargs="?", default=None,
                    help="a local HF checkpoint directory or .gguf file (default: the embedded model)")
     p.add_argument("--method", choices=METHODS, default="gptq",
-                   help="rtn: round to nearest, no calibration; gptq: calibrated on the built-in "
-                        "agent conversations; fp8: FP8 weights + dynamic per-token activations")
+                   help="rtn: round to nearest, no calibration; gptq, awq: calibrated on the "
+                        "built-in agent conversations; fp8: FP8 weights + dynamic per-token activations")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--group-size", type=int, default=None,
                    help="int4 weights per scale (default: 128, halved until it divides every layer width)")
@@ -42,7 +42,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from autoglm_serve.quantize.pipeline import write_quantized_checkpoint
 
     if args.method == "fp8" and (args.group_size is not None or args.act_order):
-        raise SystemExit("--group-size and --act-order are for the int4 methods (rtn, gptq)")
+        raise SystemExit("--group-size and --act-order are for the int4 methods (rtn, gptq, awq)")
     if args.act_order and args.method != "gptq":
         raise SystemExit("--act-order needs --method gptq")
     try:

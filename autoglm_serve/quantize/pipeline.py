@@ -5,6 +5,7 @@ from pathlib import Path
 
 import torch
 
+from autoglm_serve.quantize.awq import InputSampler, balance_groups, search_and_apply_scales
 from autoglm_serve.quantize.calibration import calibration_samples
 from autoglm_serve.quantize.checkpoint_writer import write_checkpoint
 from autoglm_serve.quantize.gptq import HessianObserver, gptq_quantize
@@ -13,6 +14,9 @@ from autoglm_serve.quantize.schemes import (CALIBRATED_METHODS, Method, fitting_
                                             ignored_modules, quantization_config, target_linears)
 from autoglm_serve.quantize.sequential import calibrate_layer_by_layer
 from autoglm_serve.quantize.source_model import SourceModel, load_source_model
+
+
+_AWQ_ROWS = 4096   # input rows per balance group kept for the AWQ search, over all samples
 
 
 def write_quantized_checkpoint(
@@ -42,8 +46,11 @@ def write_quantized_checkpoint(
     if method in CALIBRATED_METHODS:
         samples = _samples(source, num_samples, max_tokens, device)
 
+        def layer_linears(prefix: str, layer: torch.nn.Module) -> dict[str, torch.nn.Linear]:
+            return {f"{prefix}.{n}": m for n, m in layer.named_modules() if f"{prefix}.{n}" in targets}
+
         def gptq_layer(prefix: str, layer: torch.nn.Module, run_layer) -> None:
-            linears = {f"{prefix}.{n}": m for n, m in layer.named_modules() if f"{prefix}.{n}" in targets}
+            linears = layer_linears(prefix, layer)
             observers = {name: HessianObserver(m) for name, m in linears.items()}
             run_layer()
             for name, linear in linears.items():
@@ -53,7 +60,18 @@ def write_quantized_checkpoint(
                 linear.weight.data.copy_(q.weight)
                 quantized[name] = q
 
-        calibrate_layer_by_layer(hf, samples, gptq_layer, desc=f"{method} calibration")
+        def awq_layer(prefix: str, layer: torch.nn.Module, run_layer) -> None:
+            groups = balance_groups(layer)
+            samplers = [InputSampler(g.linears[0], max(16, _AWQ_ROWS // len(samples))) for g in groups]
+            run_layer()
+            for group, sampler in zip(groups, samplers):
+                search_and_apply_scales(group, sampler.inputs(), args, dtype)
+            for name, linear in layer_linears(prefix, layer).items():
+                quantized[name] = rtn_quantize(linear.weight, args, dtype)
+                linear.weight.data.copy_(quantized[name].weight)
+
+        layer_fn = gptq_layer if method == "gptq" else awq_layer
+        calibrate_layer_by_layer(hf, samples, layer_fn, desc=f"{method} calibration")
 
     for name, linear in targets.items():   # rtn, fp8, and any Linear outside the decoder layers
         if name not in quantized:

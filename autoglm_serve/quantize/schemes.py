@@ -1,6 +1,6 @@
 """What each `--method` writes: a compressed-tensors QuantizationConfig, and which modules it skips.
 
-W4A16 (rtn, gptq): symmetric int4 weights, one scale per `group_size` input channels,
+W4A16 (rtn, gptq, awq): symmetric int4 weights, one scale per `group_size` input channels,
 16-bit activations; compressed-tensors stores it "pack-quantized" (8 int4 in an int32).
 FP8: float8_e4m3 weights with one scale per output channel and activations quantized per token at
 run time ("FP8_DYNAMIC"); stored "float-quantized".
@@ -14,9 +14,9 @@ from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfi
                                              QuantizationScheme, QuantizationStatus,
                                              QuantizationStrategy, QuantizationType)
 
-Method = Literal["rtn", "gptq", "fp8"]
-METHODS: tuple[Method, ...] = ("rtn", "gptq", "fp8")
-CALIBRATED_METHODS: tuple[Method, ...] = ("gptq",)
+Method = Literal["rtn", "gptq", "awq", "fp8"]
+METHODS: tuple[Method, ...] = ("rtn", "gptq", "awq", "fp8")
+CALIBRATED_METHODS: tuple[Method, ...] = ("gptq", "awq")
 DEFAULT_GROUP_SIZE = 128
 
 # GLM-4.1V's vision tower (and its merger/downsample) as transformers' Glm4vForConditionalGeneration
