@@ -1,0 +1,92 @@
+"""Quantize a model and write the checkpoint: the one entry point the command and the tests use."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from autoglm_serve.quantize.awq import InputSampler, balance_groups, search_and_apply_scales
+from autoglm_serve.quantize.calibration import calibration_samples
+from autoglm_serve.quantize.checkpoint_writer import write_checkpoint
+from autoglm_serve.quantize.gptq import HessianObserver, gptq_quantize
+from autoglm_serve.quantize.rtn import QuantizedWeight, rtn_quantize
+from autoglm_serve.quantize.schemes import (CALIBRATED_METHODS, Method, fitting_group_size,
+                                            ignored_modules, quantization_config, target_linears)
+from autoglm_serve.quantize.sequential import calibrate_layer_by_layer
+from autoglm_serve.quantize.source_model import SourceModel, load_source_model
+
+
+_AWQ_ROWS = 4096   # input rows per balance group kept for the AWQ search, over all samples
+
+
+def write_quantized_checkpoint(
+    model: str | Path | None | SourceModel,
+    out_dir: str | Path,
+    method: Method = "gptq",
+    group_size: int | None = None,
+    act_order: bool = False,
+    num_samples: int = 32,
+    max_tokens: int = 512,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str = "cpu",
+) -> Path:
+    """Quantize `model` (a path as `serve` takes it, None for the embedded default, or a loaded
+    SourceModel, which is consumed) and write a compressed-tensors checkpoint to `out_dir`.
+    The algorithms run in float32 on `device`; the checkpoint is written in `dtype`."""
+    source = model if isinstance(model, SourceModel) else load_source_model(model)
+    hf = source.model.to(device=device, dtype=torch.float32)
+    ignore = ignored_modules(hf)
+    targets = target_linears(hf, ignore)
+    if method != "fp8":
+        group_size = fitting_group_size(targets, group_size)
+    config = quantization_config(method, ignore, group_size or 0, act_order)
+    args = config.config_groups["group_0"].weights
+    quantized: dict[str, QuantizedWeight] = {}
+
+    if method in CALIBRATED_METHODS:
+        samples = _samples(source, num_samples, max_tokens, device)
+
+        def layer_linears(prefix: str, layer: torch.nn.Module) -> dict[str, torch.nn.Linear]:
+            return {f"{prefix}.{n}": m for n, m in layer.named_modules() if f"{prefix}.{n}" in targets}
+
+        def gptq_layer(prefix: str, layer: torch.nn.Module, run_layer) -> None:
+            linears = layer_linears(prefix, layer)
+            observers = {name: HessianObserver(m) for name, m in linears.items()}
+            run_layer()
+            for name, linear in linears.items():
+                obs = observers[name]
+                obs.remove()
+                q = gptq_quantize(linear.weight, obs.hessian, obs.tokens, args, dtype, act_order)
+                linear.weight.data.copy_(q.weight)
+                quantized[name] = q
+
+        def awq_layer(prefix: str, layer: torch.nn.Module, run_layer) -> None:
+            groups = balance_groups(layer)
+            samplers = [InputSampler(g.linears[0], max(16, _AWQ_ROWS // len(samples))) for g in groups]
+            run_layer()
+            for group, sampler in zip(groups, samplers):
+                search_and_apply_scales(group, sampler.inputs(), args, dtype)
+            for name, linear in layer_linears(prefix, layer).items():
+                quantized[name] = rtn_quantize(linear.weight, args, dtype)
+                linear.weight.data.copy_(quantized[name].weight)
+
+        layer_fn = gptq_layer if method == "gptq" else awq_layer
+        calibrate_layer_by_layer(hf, samples, layer_fn, desc=f"{method} calibration")
+
+    for name, linear in targets.items():   # rtn, fp8, and any Linear outside the decoder layers
+        if name not in quantized:
+            quantized[name] = rtn_quantize(linear.weight, args, dtype)
+    hf.to("cpu")
+    return write_checkpoint(hf, out_dir, config, {k: _to_cpu(v) for k, v in quantized.items()},
+                            dtype, source.files_dir, None if source.files_dir else source.tokenizer)
+
+
+def _samples(source: SourceModel, num_samples: int, max_tokens: int, device: str):
+    image_token_id = getattr(source.model.config, "image_token_id", None) if source.is_vision else None
+    samples = calibration_samples(source.tokenizer, num_samples, max_tokens, image_dir=source.files_dir,
+                                  image_token_id=image_token_id)
+    return [s.to(device) for s in samples]
+
+
+def _to_cpu(q: QuantizedWeight) -> QuantizedWeight:
+    return QuantizedWeight(q.weight.cpu(), q.scale.cpu(), q.zero_point.cpu())

@@ -1,0 +1,78 @@
+"""Round-to-nearest: each weight group gets a scale from its own values, no calibration.
+
+Scales are computed with compressed-tensors' `calculate_qparams` (symmetric int4: amax / 7.5,
+codes in [-8, 7]; fp8: amax / 448) and rounded to the dtype the checkpoint stores them in, so
+the weights written are exactly what a loader reconstructs. For int weights the range is then
+shrunk where that lowers the group's squared rounding error (clipping a rare large weight buys
+finer steps for all the others), as llm-compressor's "mse" observer does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from compressed_tensors.quantization import QuantizationArgs, QuantizationStrategy, QuantizationType
+from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+from compressed_tensors.quantization.utils.helpers import calculate_qparams, calculate_range
+
+
+@dataclass
+class QuantizedWeight:
+    weight: torch.Tensor      # the dequantized weight (what a loader reconstructs), float32
+    scale: torch.Tensor       # [out, groups] or [out, 1], in the checkpoint's dtype
+    zero_point: torch.Tensor  # zeros (symmetric), kept for compressed-tensors' module state
+
+
+def weight_qparams(weight: torch.Tensor, args: QuantizationArgs, scale_dtype: torch.dtype,
+                   clip_search: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale and zero point of `weight` [out, in] for a group or channel strategy."""
+    w = weight.float()
+    if args.strategy == QuantizationStrategy.GROUP:
+        if w.shape[1] % args.group_size:
+            raise ValueError(f"input width {w.shape[1]} is not a multiple of group size {args.group_size}")
+        w = w.reshape(w.shape[0], -1, args.group_size)
+        lo, hi = w.amin(dim=-1), w.amax(dim=-1)
+    elif args.strategy == QuantizationStrategy.CHANNEL:
+        lo, hi = w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True)
+    else:
+        raise ValueError(f"unsupported weight strategy {args.strategy}")
+    scale, zero_point = calculate_qparams(lo, hi, args)
+    scale = scale.to(scale_dtype)
+    if clip_search and args.type == QuantizationType.INT:
+        scale = _clip_searched_scale(w if w.dim() == 3 else w.unsqueeze(1), lo, hi, scale, args,
+                                     scale_dtype)
+    return scale, zero_point
+
+
+# range shrink factors tried: 1.0 (min/max) down to 0.7
+_SHRINKS = [1.0 - 0.02 * i for i in range(16)]
+
+
+def _clip_searched_scale(groups: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
+                         scale: torch.Tensor, args: QuantizationArgs,
+                         scale_dtype: torch.dtype) -> torch.Tensor:
+    """groups [rows, n, size]; lo/hi/scale [rows, n]: the scale of least squared error."""
+    qmin, qmax = (float(v) for v in calculate_range(args, groups.device))
+    best, best_err = scale, None
+    for shrink in _SHRINKS:
+        s = calculate_qparams(lo * shrink, hi * shrink, args)[0].to(scale_dtype)
+        sf = s.float().unsqueeze(-1)
+        err = (torch.clamp(torch.round(groups / sf), qmin, qmax) * sf - groups).pow(2).sum(-1)
+        if best_err is None:
+            best_err = err
+            continue
+        better = err < best_err
+        best = torch.where(better, s, best)
+        best_err = torch.where(better, err, best_err)
+    return best
+
+
+def quantize_dequantize(weight: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
+                        args: QuantizationArgs) -> torch.Tensor:
+    return fake_quantize(weight.float(), scale.float(), zero_point, args)
+
+
+def rtn_quantize(weight: torch.Tensor, args: QuantizationArgs, scale_dtype: torch.dtype,
+                 clip_search: bool = True) -> QuantizedWeight:
+    scale, zero_point = weight_qparams(weight, args, scale_dtype, clip_search)
+    return QuantizedWeight(quantize_dequantize(weight, scale, zero_point, args), scale, zero_point)

@@ -1,0 +1,59 @@
+"""Perplexity of `autoglm-serve quantize` variants on the embedded SmolLM2 (too long for CI:
+several minutes on two cores). Prints one row per variant; transformers loads each checkpoint.
+
+    PYTHONPATH=. python scripts/quantize_quality.py [--variants rtn:64,gptq:64,gptq:32:ao,awq:64,fp8]
+
+Measured 2026-12-01 (16 samples, float32; unquantized 22.09): rtn:32 28.15 (+27%),
+gptq:64:ao 28.35 (+28%), gptq:32:ao 26.76 (+21%), awq:64 28.42 (+29%), awq:32 27.54 (+25%);
+from the quality test: rtn:64 27.79 (+26%), gptq:64 29.83 (+35%), fp8 22.70 (+2.7%).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+TEXT = (Path(__file__).resolve().parent.parent / "tests" / "data" / "perplexity_prose.txt").read_text()
+
+
+def perplexity(model, tokenizer) -> float:
+    ids = tokenizer(TEXT, return_tensors="pt").input_ids
+    with torch.no_grad():
+        return math.exp(model(ids, labels=ids).loss.item())
+
+
+def main() -> None:
+    from transformers import AutoModelForCausalLM
+
+    from autoglm_serve.quantize import write_quantized_checkpoint
+    from autoglm_serve.quantize.source_model import load_source_model
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--variants", default="rtn:64,rtn:32,gptq:64,gptq:64:ao,gptq:32:ao,awq:64,awq:32,fp8")
+    p.add_argument("--num-samples", type=int, default=32)
+    args = p.parse_args()
+    source = load_source_model(None)
+    base = perplexity(source.model, source.tokenizer)
+    print(f"{'variant':<14} {'perplexity':>10} {'vs fp32':>8} {'seconds':>8}")
+    print(f"{'unquantized':<14} {base:>10.2f} {'':>8} {'':>8}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for variant in args.variants.split(","):
+            method, *rest = variant.split(":")
+            group = int(rest[0]) if rest else None
+            start = time.time()
+            out = write_quantized_checkpoint(copy.deepcopy(source), Path(tmp) / variant.replace(":", "_"),
+                                             method, group_size=group, act_order="ao" in rest,
+                                             num_samples=args.num_samples, dtype=torch.float32)
+            seconds = time.time() - start
+            model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+            ppl = perplexity(model, source.tokenizer)
+            print(f"{variant:<14} {ppl:>10.2f} {100 * (ppl / base - 1):>+7.1f}% {seconds:>8.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
