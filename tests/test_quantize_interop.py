@@ -1,0 +1,48 @@
+"""`autoglm-serve quantize`'s checkpoints in our engine: written from a tiny random GLM-4.1V
+and from the embedded SmolLM2, loaded by our engine and by transformers (with the
+compressed-tensors library), greedy tokens equal and logits within tolerance."""
+import pytest
+import torch
+
+from autoglm_serve import LLM, SamplingParams
+from tests.quantized_fixtures import make_tiny_quantized_glm4v
+from tests.test_quantized_models import hf_greedy_with_logits
+
+STEPS = 8
+
+
+def ours(path, prompts, **kw):
+    llm = LLM(str(path), skip_tokenizer_init=True, dtype="float32", block_size=16,
+              num_kv_blocks=64, **kw)
+    seen: dict[str, list[torch.Tensor]] = {}
+    llm.engine.core.runner.logits_hook = lambda reqs, logits: [
+        seen.setdefault(r.request_id, []).append(logits[i].clone()) for i, r in enumerate(reqs)]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True))
+    return [(o.outputs[0].token_ids, seen[o.request_id]) for o in outs]
+
+
+def assert_close(engine_runs, reference, prompts, tol):
+    for (tokens, logits), prompt in zip(engine_runs, prompts):
+        ref_tokens, ref_logits = hf_greedy_with_logits(reference, prompt, STEPS)
+        assert tokens == ref_tokens
+        for step, (a, b) in enumerate(zip(logits, ref_logits)):
+            rel = ((a - b.float()).norm() / b.float().norm()).item()
+            assert rel < tol, f"step {step}: relative error {rel:.2e}"
+
+
+@pytest.mark.parametrize("method", ["rtn", "fp8"])
+def test_tiny_glm4v_checkpoint_matches_transformers(tmp_path, method):
+    from transformers import Glm4vForConditionalGeneration
+    _, quantized = make_tiny_quantized_glm4v(tmp_path, method)
+    prompts = [[5, 17, 33, 2, 9, 41, 7], list(range(10, 40))]
+    hf = Glm4vForConditionalGeneration.from_pretrained(quantized, dtype=torch.float32).eval()
+    assert_close(ours(quantized, prompts), hf, prompts, tol=1e-3)
+
+
+def test_smollm2_rtn_checkpoint_matches_transformers(tmp_path):
+    from transformers import AutoModelForCausalLM
+    from autoglm_serve.quantize import write_quantized_checkpoint
+    out = write_quantized_checkpoint(None, tmp_path / "smollm2-w4a16", "rtn", dtype=torch.float32)
+    prompts = [[1, 504, 3458, 314, 4649, 30], [1, 1204, 564, 253, 5422, 28]]
+    hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert_close(ours(out, prompts), hf, prompts, tol=1e-3)
