@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autoglm_serve.config import EngineConfig
+from autoglm_serve.help_formatter import DefaultsHelpFormatter
 from autoglm_serve.server.reasoning import REASONING_PARSERS
 
 DEFAULT_MAX_BODY_MB = 50.0   # several 1080×2400 base64 PNG screenshots
@@ -306,4 +307,4 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
 def build_parser(prog: str = "autoglm-serve serve") -> argparse.ArgumentParser:
     return add_serve_args(argparse.ArgumentParser(
         prog=prog, description="OpenAI-compatible server (vLLM's flags)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter))
+        formatter_class=DefaultsHelpFormatter))
