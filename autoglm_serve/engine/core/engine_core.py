@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from autoglm_serve.engine.core.cpu_threads import size_cpu_threads
 from autoglm_serve.engine.core.fault_isolation import FaultIsolation, is_fatal
 from autoglm_serve.engine.core.kv_cache import KVCacheManager
 from autoglm_serve.engine.core.memory_plan import size_kv_cache
@@ -70,6 +71,7 @@ class EngineCore:
     def __init__(self, settings: EngineSettings, loaded: LoadedModel | None = None):
         config = self.config = settings.config
         self.device = config.resolve_device()
+        size_cpu_threads(self.device)
         self.loaded = loaded or load_model(settings, self.device)
         self.max_model_len = settings.max_model_len
         self.max_num_batched_tokens = settings.max_num_batched_tokens
