@@ -29,8 +29,11 @@ class LLM:
 
     def get_default_sampling_params(self) -> SamplingParams:
         """The checkpoint's generation_config.json sampling defaults, as the server applies
-        them (vLLM's LLM does the same)."""
-        return SamplingParams(**self.engine.frontend.generation_defaults)
+        them (vLLM's LLM does the same); its max_new_tokens is max_tokens."""
+        defaults = dict(self.engine.frontend.generation_defaults)
+        if "max_new_tokens" in defaults:
+            defaults["max_tokens"] = defaults.pop("max_new_tokens")
+        return SamplingParams(**defaults)
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,

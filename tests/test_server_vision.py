@@ -181,6 +181,12 @@ SYSTEM_PROMPT = ("You are a phone operating agent. Each step you receive a scree
                  "do(action=\"Tap\", element=[x, y]) or finish(message=\"...\"). ") * 10
 
 
+def test_grafana_encoder_cache_panels_match_served_metrics(server):
+    from tests.test_grafana_dashboard import ENCODER_CACHE, dashboard_metric_names, served_names
+    served = served_names(httpx.get(server.url("/metrics"), timeout=10).text)
+    assert ENCODER_CACHE <= dashboard_metric_names() and ENCODER_CACHE <= served
+
+
 def test_agent_protocol_five_steps_streaming(server):
     """Requests shaped as Open-AutoGLM sends them: streaming, temperature 0, top_p 0.85,
     frequency_penalty 0.2, a long system prompt, one screenshot per step before the text,

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from autoglm_serve.help_formatter import DefaultsHelpFormatter
 from autoglm_serve.bench.metrics import parse_slo
 
 
@@ -139,14 +140,14 @@ def add_bench_subcommands(subparsers: argparse._SubParsersAction) -> argparse.Ar
     sub = bench.add_subparsers(dest="bench_command", required=True)
 
     serve = sub.add_parser("serve", help="benchmark an OpenAI-compatible server",
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                           formatter_class=DefaultsHelpFormatter)
     _add_serve_args(serve)
     _add_workload_args(serve)
     _add_output_args(serve)
     serve.set_defaults(func=cmd_bench_serve)
 
     offline = sub.add_parser("offline", help="benchmark our engine through the offline API",
-                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                             formatter_class=DefaultsHelpFormatter)
     offline.add_argument("model", nargs="?", default=None,
                          help="model path or name (default: the engine's built-in model)")
     offline.add_argument("--max-num-seqs", type=_concurrency_list, default=[None],
@@ -168,7 +169,7 @@ def add_bench_subcommands(subparsers: argparse._SubParsersAction) -> argparse.Ar
 def add_tune_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     tune = subparsers.add_parser(
         "tune", help="search server settings for the best goodput under an SLO",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     tune.add_argument("model", nargs="?", default=None)
     tune.add_argument("--slo", required=True, help="e.g. ttft:2000,tpot:100 (milliseconds)")
     tune.add_argument("--slo-attainment", type=float, default=0.9,

@@ -17,6 +17,15 @@ def _x_concurrency(point: dict[str, Any]) -> int:
     return point.get("max_concurrency") or point["summary"]["max_concurrent_requests"] or 1
 
 
+def concurrency_label(point: dict[str, Any]) -> str:
+    """"c=8" for a limited level; an unlimited one is plotted at its observed peak but named
+    "c=∞" (the peak in brackets), so it is not mistaken for a sweep level of that size."""
+    limit = point.get("max_concurrency")
+    if limit:
+        return f"c={limit}"
+    return f"c=∞ (peak {_x_concurrency(point)})"
+
+
 def _ok_points(run: dict[str, Any]) -> list[dict[str, Any]]:
     return [p for p in run["points"] if p["summary"]["completed"] > 0]
 
@@ -47,9 +56,9 @@ def plot_latency_throughput(runs: list[dict[str, Any]], path: str | Path, title:
                     color=color, label=f"{label} mean")
             ax.plot(x, [v * scale if v is not None else float("nan") for v in p99], "s--",
                     color=color, alpha=0.6, label=f"{label} p99")
-        for x, y, c in zip(tput, [p["summary"]["e2el_ms"]["mean"] for p in pts], conc):
+        for x, y, p in zip(tput, [p["summary"]["e2el_ms"]["mean"] for p in pts], pts):
             if y is not None:
-                ax_lat.annotate(f"c={c}", (x, y * 1e-3), textcoords="offset points",
+                ax_lat.annotate(concurrency_label(p), (x, y * 1e-3), textcoords="offset points",
                                 xytext=(4, 4), fontsize=8, color=color)
         if has_gpu:
             util = [(p.get("gpu") or {}).get("util_mean") for p in pts]
@@ -65,11 +74,13 @@ def plot_latency_throughput(runs: list[dict[str, Any]], path: str | Path, title:
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    ticks = sorted({_x_concurrency(p) for r in runs for p in _ok_points(r)})
+    points = [p for r in runs for p in _ok_points(r)]
+    ticks = sorted({_x_concurrency(p) for p in points})
+    limited = {p["max_concurrency"] for p in points if p.get("max_concurrency")}
     for ax in axes[1:]:
         ax.set_xscale("log", base=2)
-        if ticks:  # label the sweep's own levels, not powers of two
-            ax.set_xticks(ticks, [str(t) for t in ticks])
+        if ticks:  # label the sweep's own levels, not powers of two; ∞ at an unlimited peak
+            ax.set_xticks(ticks, [str(t) if t in limited else f"∞ ({t})" for t in ticks])
             ax.minorticks_off()
     if title:
         fig.suptitle(title)

@@ -13,6 +13,7 @@ import autoglm_serve
 from autoglm_serve.engine.async_llm import AsyncLLM
 from autoglm_serve.engine.frontend.chat_template import PromptError
 from autoglm_serve.server.args import ServerSettings
+from autoglm_serve.server.dashboard import add_dashboard_routes
 from autoglm_serve.server.errors import OpenAIError, install_error_handlers
 from autoglm_serve.server.metrics import ServerMetrics
 from autoglm_serve.server.protocol import (ChatCompletionRequest, ChatCompletionResponse,
@@ -23,7 +24,8 @@ from autoglm_serve.server.serving_chat import ChatHandler
 from autoglm_serve.server.serving_completions import CompletionHandler
 
 # Open without a key: load balancers and Prometheus probe these (vLLM leaves them open too).
-_OPEN_PATHS = ("/health", "/ping", "/metrics", "/version")
+# The dashboard too: a browser tab cannot send the bearer key, and it shows what /metrics does.
+_OPEN_PATHS = ("/health", "/ping", "/metrics", "/version", "/dashboard")
 
 
 class BodyLimitMiddleware:
@@ -165,6 +167,8 @@ def build_app(engine: AsyncLLM, settings: ServerSettings, gpu_stats=None) -> Fas
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus_metrics():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    add_dashboard_routes(app, metrics, settings.served_model_names[0])
 
     @app.get("/v1/models")
     async def models():

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autoglm_serve.config import EngineConfig
+from autoglm_serve.help_formatter import DefaultsHelpFormatter
 from autoglm_serve.server.reasoning import REASONING_PARSERS
 from autoglm_serve.server.tool_parsers import TOOL_PARSERS
 from autoglm_serve.structured.spec import BUILTIN_GRAMMARS
@@ -334,4 +335,4 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
 def build_parser(prog: str = "autoglm-serve serve") -> argparse.ArgumentParser:
     return add_serve_args(argparse.ArgumentParser(
         prog=prog, description="OpenAI-compatible server (vLLM's flags)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter))
+        formatter_class=DefaultsHelpFormatter))

@@ -34,6 +34,8 @@ class GpuStats:
                                  labels=names)
         total = GaugeMetricFamily("autoglm:gpu_memory_total_bytes", "GPU memory (NVML).",
                                   labels=names)
+        power = GaugeMetricFamily("autoglm:gpu_power_watts", "GPU power draw (NVML).",
+                                  labels=names)
         for index, handle in self.handles:
             values = list(labels.values()) + [str(index)]
             try:
@@ -45,4 +47,8 @@ class GpuStats:
             util.add_metric(values, rates.gpu / 100.0)
             used.add_metric(values, float(mem.used))
             total.add_metric(values, float(mem.total))
-        yield from (util, used, total)
+            try:   # not every board reports power
+                power.add_metric(values, self.nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0)
+            except Exception as exc:
+                logger.debug("NVML power read failed for GPU %d: %s", index, exc)
+        yield from (util, used, total, power)

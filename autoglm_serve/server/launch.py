@@ -37,7 +37,15 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def startup_report(engine, settings: ServerSettings) -> list[str]:
+def default_max_tokens_line(defaults: dict) -> str:
+    limit = defaults.get("max_new_tokens")
+    where = "up to max_model_len" if limit is None else str(limit)
+    return (f"default max_tokens (requests without one): {where}    sampling defaults: "
+            f"{ {k: v for k, v in defaults.items() if k != 'max_new_tokens'} or 'none'}    "
+            "change with --override-generation-config '{\"max_new_tokens\": N}'")
+
+
+def startup_report(engine, settings: ServerSettings, serving_defaults: dict) -> list[str]:
     info = engine.info
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
     where = f"its own process (pid {info.core_pid})" if info.core_pid != os.getpid() \
@@ -52,6 +60,7 @@ def startup_report(engine, settings: ServerSettings) -> list[str]:
         f"tokens ({_gib(info.kv_blocks * info.kv_bytes_per_block)})",
         f"max_model_len: {info.max_model_len}    maximum concurrency at max_model_len: "
         f"{info.kv_tokens / info.max_model_len:.2f}x    max_num_seqs: {info.max_num_seqs}",
+        default_max_tokens_line(serving_defaults),
         f"API key: {'required' if settings.api_key else 'none'}    reasoning parser: "
         f"{settings.reasoning_parser or 'none (per request: return_reasoning)'}",
         f"serving on http://{host}:{settings.port}/v1 (listening on {settings.host})",
@@ -79,7 +88,7 @@ async def _serve(engine, settings: ServerSettings, sock: socket.socket) -> None:
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         engine.start()
-        for line in startup_report(engine, settings):
+        for line in startup_report(engine, settings, app.state.serving.defaults):
             logger.info(line)
         yield
         logger.info("shutting down the engine")

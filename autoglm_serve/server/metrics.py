@@ -100,6 +100,8 @@ class ServerMetrics:
                          "Histogram of time to first token in seconds.", _TTFT_BUCKETS)
         self.itl = hist("vllm:inter_token_latency_seconds",
                         "Histogram of inter-token latency in seconds.", _ITL_BUCKETS)
+        self.tpot = hist("vllm:request_time_per_output_token_seconds",
+                         "Histogram of time_per_output_token_seconds per request.", _ITL_BUCKETS)
         self.e2e = hist("vllm:e2e_request_latency_seconds",
                         "Histogram of e2e request latency in seconds.", _LATENCY_BUCKETS)
         self.queue = hist("vllm:request_queue_time_seconds",
@@ -117,6 +119,7 @@ class ServerMetrics:
                             "Number of generation tokens processed.", _TOKEN_BUCKETS)
         self.success = Counter("vllm:request_success", "Count of successfully processed "
                                "requests.", names + ["finished_reason"], registry=self.registry)
+        self.tpot.labels(*self._values)   # served from the start, as TTFT is, for the dashboards
         self._ttft, self._itl, self._e2e = (self.ttft.labels(*self._values),
                                             self.itl.labels(*self._values),
                                             self.e2e.labels(*self._values))
@@ -137,8 +140,10 @@ class ServerMetrics:
             self.queue.labels(*values).observe(m.first_scheduled_time - m.arrival_time)
             if m.first_token_time is not None:
                 self.prefill.labels(*values).observe(m.first_token_time - m.first_scheduled_time)
-                self.decode.labels(*values).observe(
-                    (m.last_token_time or m.first_token_time) - m.first_token_time)
+                decode_s = (m.last_token_time or m.first_token_time) - m.first_token_time
+                self.decode.labels(*values).observe(decode_s)
+                if output_tokens > 1:
+                    self.tpot.labels(*values).observe(decode_s / (output_tokens - 1))
         self.prompt_len.labels(*values).observe(prompt_tokens)
         self.gen_len.labels(*values).observe(output_tokens)
         self.success.labels(*values, finish_reason).inc()

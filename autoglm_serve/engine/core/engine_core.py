@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from autoglm_serve.engine.core.cpu_threads import size_cpu_threads
 from autoglm_serve.engine.core.fault_isolation import FaultIsolation, is_fatal, is_out_of_memory
 from autoglm_serve.engine.core.kv_cache import KVCacheManager
 from autoglm_serve.engine.core.pending_grammars import PendingGrammars
@@ -90,6 +91,7 @@ class EngineCore:
 
     def _start(self, settings: EngineSettings, loaded: LoadedModel | None) -> None:
         config = self.config
+        size_cpu_threads(self.device)
         if self.workers is not None:
             self.loaded = self.workers.load_model(settings)
         else:

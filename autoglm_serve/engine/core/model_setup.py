@@ -73,8 +73,9 @@ def generation_config(resolved: ResolvedModel) -> dict:
 
 
 def generation_defaults(gen_config: dict) -> dict:
-    """Sampling defaults from a generation config (requests override them)."""
-    keys = ("temperature", "top_p", "top_k", "repetition_penalty", "min_p")
+    """Sampling defaults from a generation config (requests override them); max_new_tokens is
+    the default max_tokens (as in vLLM)."""
+    keys = ("temperature", "top_p", "top_k", "repetition_penalty", "min_p", "max_new_tokens")
     return {k: gen_config[k] for k in keys if k in gen_config}
 
 

@@ -51,6 +51,9 @@ class Frontend:
         self.vocab_size = settings.vocab_size
         gen_config = generation_config(self.resolved)     # read once: defaults and EOS ids
         self.generation_defaults = generation_defaults(gen_config)
+        if config.model is None:   # the embedded default: see DEFAULT_MAX_NEW_TOKENS
+            from autoglm_serve.loader.default_model import DEFAULT_MAX_NEW_TOKENS
+            self.generation_defaults.setdefault("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
         self.tokenizer = None if config.skip_tokenizer_init else load_engine_tokenizer(settings)
         if config.chat_template and self.tokenizer is not None:
             self.tokenizer.chat_template = config.chat_template

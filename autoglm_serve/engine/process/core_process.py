@@ -25,8 +25,6 @@ import traceback
 from collections import deque
 from multiprocessing.connection import Connection
 
-import torch
-
 from autoglm_serve.engine.process.core_loop import run_core_loop
 from autoglm_serve.engine.process.core_messages import (CoreFailed, CoreOutputs, CoreReady, Shutdown,
                                                 merge_outputs)
@@ -44,10 +42,6 @@ def run_core_process(settings: EngineSettings, conn: Connection, log_level: int)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=log_level, stream=sys.stdout,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if config.resolve_device().type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        # A core of its own for the front-end: with one torch thread per core, the core's
-        # threads would keep waiting for each other whenever the server's process runs.
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - 1))
     channel = TensorChannel(conn)
     from autoglm_serve.engine.core.engine_core import EngineCore
     from autoglm_serve.engine.stats import engine_info
