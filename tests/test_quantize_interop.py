@@ -6,7 +6,7 @@ import torch
 
 from autoglm_serve import LLM, SamplingParams
 from tests.quantized_fixtures import make_tiny_quantized_glm4v
-from tests.test_quantized_models import hf_greedy_with_logits
+from tests.test_engine_oracle import hf_greedy_with_logits
 
 STEPS = 8
 

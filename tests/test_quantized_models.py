@@ -9,21 +9,11 @@ import torch
 
 from autoglm_serve import LLM, SamplingParams
 from tests.quantized_checkpoints import quantize_checkpoint, reference_model
+from tests.test_engine_oracle import hf_greedy_with_logits
 from tests.tiny_models import build_tiny_decoder
 
 PROMPTS = [[5, 17, 33, 2, 9, 41, 7], list(range(10, 40))]
 STEPS = 12
-
-
-def hf_greedy_with_logits(model, prompt, steps):
-    ids = torch.tensor([prompt])
-    logits_per_step = []
-    with torch.no_grad():
-        for _ in range(steps):
-            logits = model(ids).logits[0, -1]
-            logits_per_step.append(logits)
-            ids = torch.cat([ids, logits.argmax().view(1, 1)], dim=1)
-    return ids[0, len(prompt):].tolist(), logits_per_step
 
 
 def engine_greedy_with_logits(llm):
