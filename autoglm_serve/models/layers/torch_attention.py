@@ -102,6 +102,12 @@ def _block_runs(blocks: list[int]) -> list[tuple[int, int]]:
     return [(a, c) for a, c in runs]
 
 
+def _matmul_dtype(kv_cache: torch.Tensor, q: torch.Tensor) -> torch.dtype:
+    """The cache's dtype, or the queries' for an fp8 cache (CPU matmuls take no fp8: read as
+    16 or 32 bits, the values the GPU kernels see)."""
+    return q.dtype if kv_cache.dtype == torch.float8_e4m3fn else kv_cache.dtype
+
+
 def _decode_in_place(q, kv_cache, blocks: list[int], seq_len: int, group: int, scale: float):
     """One sequence's decode over slices of the cache, no copy of K or V. Attention does not
     depend on the order of its keys (their positions are in them already, by RoPE), so the
@@ -113,10 +119,12 @@ def _decode_in_place(q, kv_cache, blocks: list[int], seq_len: int, group: int, s
         return None
     block_size, hkv, d = kv_cache.shape[3], kv_cache.shape[2], kv_cache.shape[4]
     last, filled = blocks[-1], seq_len - (len(blocks) - 1) * block_size
-    qt = q.view(hkv, group, d).transpose(-1, -2).contiguous().to(kv_cache.dtype)  # [Hkv, D, G]
+    dtype = _matmul_dtype(kv_cache, q)
+    qt = q.view(hkv, group, d).transpose(-1, -2).contiguous().to(dtype)  # [Hkv, D, G]
     parts = []
     for first, count in runs:
-        part = torch.matmul(kv_cache[0, first:first + count], qt).float()  # [c, Hkv, BS, G]
+        k = kv_cache[0, first:first + count].to(dtype)
+        part = torch.matmul(k, qt).float()                                # [c, Hkv, BS, G]
         if first <= last < first + count and filled < block_size:
             part[last - first, :, filled:] = float("-inf")
         parts.append(part)
@@ -124,11 +132,12 @@ def _decode_in_place(q, kv_cache, blocks: list[int], seq_len: int, group: int, s
     nb = scores.shape[0]
     probs = torch.softmax(scores.permute(1, 3, 0, 2).reshape(hkv, group, nb * block_size)
                           .mul_(scale), dim=-1)
-    probs = probs.view(hkv, group, nb, block_size).permute(2, 0, 1, 3).to(kv_cache.dtype)
+    probs = probs.view(hkv, group, nb, block_size).permute(2, 0, 1, 3).to(dtype)
     out = None
     offset = 0
     for first, count in runs:                       # [c, Hkv, G, BS] @ [c, Hkv, BS, D]
-        o = torch.matmul(probs[offset:offset + count], kv_cache[1, first:first + count])
+        v = kv_cache[1, first:first + count].to(dtype)
+        o = torch.matmul(probs[offset:offset + count], v)
         o = o.sum(dim=0, dtype=torch.float32)
         out = o if out is None else out + o
         offset += count
@@ -145,7 +154,8 @@ def _decode_gathered(q, kv_cache, block_tables, seq_lens, group, scale):
     block_size, hkv, d = kv_cache.shape[3], kv_cache.shape[2], kv_cache.shape[4]
     num_blocks = (max_len + block_size - 1) // block_size
     tables = block_tables[:, :num_blocks].long().clamp(min=0)
-    k, v = kv_cache[0, tables], kv_cache[1, tables]               # [n, NB, Hkv, BS, D]
+    dtype = _matmul_dtype(kv_cache, q)
+    k, v = kv_cache[0, tables].to(dtype), kv_cache[1, tables].to(dtype)   # [n, NB, Hkv, BS, D]
     # K on the left, as stored: [BS, D] @ [D, G] per block and head (2x faster on a CPU
     # than q @ K^T, which reads K transposed)
     qt = q.view(n, 1, hkv, group, d).transpose(-1, -2).contiguous().to(k.dtype)
