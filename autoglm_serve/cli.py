@@ -1,6 +1,6 @@
 """The `autoglm-serve` command: `serve` (the OpenAI-compatible server), `doctor` (is this machine
-ready to serve), `cluster` (replicas on Ray Serve), `quantize` (with compressed-tensors
-installed), plus `bench` and `tune` when the benchmark package is present."""
+ready to serve), `cluster` (replicas on Ray Serve), `quantize` (a compressed-tensors checkpoint), plus `bench`
+and `tune` when the benchmark package is present."""
 from __future__ import annotations
 
 import argparse
@@ -34,12 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     from autoglm_serve.cluster.args import add_cluster_args
     add_cluster_args(cluster)
     cluster.set_defaults(func=_cluster)
-    try:
-        from autoglm_serve.quantize.command import add_quantize_subcommand
-    except ImportError:   # compressed-tensors not installed: serving does not need it
-        pass
-    else:
-        add_quantize_subcommand(sub)
+    from autoglm_serve.quantize.command import add_quantize_subcommand
+    add_quantize_subcommand(sub)
     try:
         from autoglm_serve.bench.cli import add_bench_subcommands, add_tune_subcommand
     except ImportError:   # a build without the benchmark tools still serves
