@@ -294,9 +294,11 @@ class EngineCore:
         images = self.runner.images
         if images is None:
             return 0
+        todo = self.scheduler.image_to_encode()
+        if todo is None:        # the common step: skip pricing what the running requests owe
+            return 0
         budget = self.max_num_batched_tokens - self.scheduler.tokens_owed_by_running()
-        todo = self.scheduler.image_to_encode() if budget > 0 else None
-        if todo is None:
+        if budget <= 0:
             return 0
         req, item = todo
         try:

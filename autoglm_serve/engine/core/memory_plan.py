@@ -67,11 +67,11 @@ def _profile_cuda(config: EngineConfig, runner: ModelRunner, device: torch.devic
     runner.allocate_kv_cache(1)
     image = largest_image(config, loaded) if runner.images is not None else None
     peaks = profile_worst_step(runner, image)
+    activation = max(peaks.values())
     if image is not None:
         # an image's encoding in progress is held across steps, beside any step's peak
         peaks["vision state"] = runner.images.state_bytes(image)
-    activation = max(v for k, v in peaks.items() if k != "vision state") + \
-        peaks.get("vision state", 0)
+        activation += peaks["vision state"]
     logger.info("the worst step's activations: %s", ", ".join(
         f"{name} {peak / 2**30:.2f} GiB" for name, peak in peaks.items()))
     runner.allocate_kv_cache(0)

@@ -166,11 +166,10 @@ class Scheduler:
     def _up_to_unready_image(self, req: Request, start: int, n: int) -> int:
         """n, or fewer: the chunk from token ``start`` stops before the first image it would
         reach whose embeddings are not ready (0: it starts inside or at one)."""
-        for item in req.mm_items:
-            if item.offset + item.length > start and item.offset < start + n \
-                    and not self.image_ready(item):
-                return max(0, item.offset - start)
-        return n
+        item = self._next_unready_image(req, start)
+        if item is None or item.offset >= start + n:
+            return n
+        return max(0, item.offset - start)
 
     def image_to_encode(self) -> tuple[Request, MultiModalItem] | None:
         """The image the first prompt held by one needs (running prefills first, then the
@@ -195,6 +194,7 @@ class Scheduler:
         return None
 
     def _next_unready_image(self, req: Request, start: int) -> MultiModalItem | None:
+        """The first image (in prompt order) not ready that ends after token ``start``."""
         for item in req.mm_items:
             if item.offset + item.length > start and not self.image_ready(item):
                 return item

@@ -102,13 +102,11 @@ class DeviceTokenCounts:
                 self._write_prompt(req, slot)
         slots = [self._slot(r) if used else -1 for r, used in zip(requests, rows)]
         index = to_device(slots, torch.int64, self.device)
-        safe = index.clamp(min=0)
-        counts = self.counts.index_select(0, safe)
-        counts.masked_fill_((index < 0)[:, None], 0.0)
+        safe, unused = index.clamp(min=0), (index < 0)[:, None]
+        counts = self.counts.index_select(0, safe).masked_fill_(unused, 0.0)
         mask = None
         if repetition:
-            mask = self.prompt_mask.index_select(0, safe)
-            mask.masked_fill_((index < 0)[:, None], False)
+            mask = self.prompt_mask.index_select(0, safe).masked_fill_(unused, False)
         return index, counts, mask
 
     def record(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
