@@ -58,11 +58,16 @@ def test_guides_line_serves_then_a_dead_worker_ends_the_server(model):
         assert server.proc.returncode not in (0, None)
         assert "was killed by SIGKILL" in server.log(10**6)
     finally:
-        server.stop(timeout=10)
-        left = wait_gone(server)
-        for pid in left:
-            os.kill(pid, signal.SIGKILL)
-        assert not left, f"processes left behind by the server: {left}"
+        stop_leaving_nothing(server)
+
+
+def stop_leaving_nothing(server):
+    """Stops the server; none of its processes (workers included) may outlive it."""
+    server.stop(timeout=10)
+    left = wait_gone(server)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left behind by the server: {left}"
 
 
 def test_a_worker_dead_while_idle_ends_the_server_naming_it(model):
@@ -76,8 +81,4 @@ def test_a_worker_dead_while_idle_ends_the_server_naming_it(model):
         assert ("the engine core stopped: tensor-parallel worker rank 1 (pid "
                 in server.log(10**6))
     finally:
-        server.stop(timeout=10)
-        left = wait_gone(server)
-        for pid in left:
-            os.kill(pid, signal.SIGKILL)
-        assert not left, f"processes left behind by the server: {left}"
+        stop_leaving_nothing(server)
