@@ -59,22 +59,22 @@ def test_qkv_and_gate_up_ranks_keep_their_rows(world):
     q, k, v = quantized(64, 64, 1), quantized(32, 64, 2), quantized(32, 64, 3)
     gate, up = quantized(96, 64, 4), quantized(96, 64, 5)
     method = lambda: WNA16LinearMethod(SCHEME, torch.float32)  # noqa: E731
-    world(0, 1)
-    qkv1 = QKVParallelLinear(64, 16, 4, 2, linear_method=method())
-    mlp1 = MergedColumnParallelLinear(64, [96, 96], linear_method=method())
-    for part, sid in ((q, "q"), (k, "k"), (v, "v")):
-        load(qkv1, part, sid)
-    for part, sid in ((gate, 0), (up, 1)):
-        load(mlp1, part, sid)
-    ref_qkv, ref_mlp = (layer.linear_method.apply(layer, x, None) for layer in (qkv1, mlp1))
-    for rank in range(2):
-        world(rank, 2)
+
+    def loaded_layers():
+        """qkv and gate_up layers of this rank, their shards loaded from the checkpoint's parts."""
         qkv = QKVParallelLinear(64, 16, 4, 2, linear_method=method())
         mlp = MergedColumnParallelLinear(64, [96, 96], linear_method=method())
         for part, sid in ((q, "q"), (k, "k"), (v, "v")):
             load(qkv, part, sid)
         for part, sid in ((gate, 0), (up, 1)):
             load(mlp, part, sid)
+        return qkv, mlp
+
+    world(0, 1)
+    ref_qkv, ref_mlp = (layer.linear_method.apply(layer, x, None) for layer in loaded_layers())
+    for rank in range(2):
+        world(rank, 2)
+        qkv, mlp = loaded_layers()
         out = qkv.linear_method.apply(qkv, x, None)      # [q 32 | k 16 | v 16] of this rank
         qs, ks = slice(rank * 32, rank * 32 + 32), slice(64 + rank * 16, 64 + rank * 16 + 16)
         vs = slice(96 + rank * 16, 96 + rank * 16 + 16)
