@@ -23,6 +23,7 @@ class EngineConfig:
     max_model_len: int | None = None
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
+    decode_step_tokens: int | None = None     # the step's budget while any request decodes
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     gpu_memory_utilization: float = 0.9
@@ -45,6 +46,7 @@ class EngineConfig:
     allowed_local_media_path: str | None = None   # file:// images only from inside this folder
     allowed_media_domains: tuple[str, ...] = ()   # http(s) images only from these hosts
     log_stats_interval_s: float | None = None     # the server's periodic engine log line
+    step_trace_path: str | None = None            # a JSON line per engine step (server)
 
     def __post_init__(self):
         if self.load_format not in ("auto", "safetensors", "gguf", "dummy"):
@@ -60,6 +62,8 @@ class EngineConfig:
             raise ValueError("max_num_seqs must be >= 1")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.decode_step_tokens is not None and self.decode_step_tokens < 1:
+            raise ValueError("decode_step_tokens must be >= 1")
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError("block_size must be one of 8, 16, 32, 64, 128")
         if self.tensor_parallel_size < 1:

@@ -160,6 +160,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     e.add_argument("--max-model-len", type=_length, default=None)
     e.add_argument("--max-num-seqs", type=int, default=256)
     e.add_argument("--max-num-batched-tokens", type=int, default=None)
+    e.add_argument("--decode-step-tokens", type=int, default=None,
+                   help="the step's token budget while any request decodes (prompt chunks "
+                        "and vision blocks fill what decodes leave): smaller keeps TPOT short "
+                        "while prompts and screenshots wait (default: max-num-batched-tokens)")
     e.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
                    default=True)
     e.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
@@ -225,6 +229,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="no periodic log line on the engine's pace")
     s.add_argument("--log-stats-interval", type=float, default=5.0,
                    help="seconds between the engine's log lines while it works")
+    s.add_argument("--step-trace", default=None, metavar="PATH", dest="step_trace_path",
+                   help="append a JSON line per engine step to PATH (its time, decode rows, "
+                        "prompt tokens, vision-tower work, queue): for benchmarks and tuning")
     s.add_argument("--shutdown-timeout", "--graceful-shutdown-timeout", type=float,
                    default=30.0, dest="graceful_shutdown_timeout",
                    help="seconds in-flight requests get to finish after SIGTERM; those still "
@@ -289,6 +296,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         model=model_from_args(args), tokenizer=args.tokenizer, load_format=args.load_format,
         dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        decode_step_tokens=args.decode_step_tokens,
         enable_prefix_caching=args.enable_prefix_caching,
         enable_chunked_prefill=args.enable_chunked_prefill,
         gpu_memory_utilization=args.gpu_memory_utilization, block_size=args.block_size,
@@ -303,7 +311,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         chat_template_content_format=args.chat_template_content_format,
         allowed_local_media_path=args.allowed_local_media_path,
         allowed_media_domains=tuple(args.allowed_media_domains or ()),
-        log_stats_interval_s=None if args.disable_log_stats else args.log_stats_interval)
+        log_stats_interval_s=None if args.disable_log_stats else args.log_stats_interval,
+        step_trace_path=args.step_trace_path)
 
 
 def default_served_name(model: str | None) -> str:

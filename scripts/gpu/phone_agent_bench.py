@@ -11,8 +11,10 @@ alternating, --rounds times each. Each run's compute floor comes from the work t
 reports for it (its /metrics before and after: prompt tokens computed past the prefix cache,
 images encoded, tokens generated), in FLOPs from the model's config, over the bf16 matmul
 peak measured in this call before the server starts. The engine's step log (--log-stats-interval
-1) gives the slowest step of every second while requests ran. Prints a markdown table; writes
-JSON to $OUT/phone_agent_bench.json. --smoke runs the same on a CPU with the embedded default's
+1) gives the slowest step of every second while requests ran, and its step trace (--step-trace)
+every step of a run: time in decode-only steps, in steps carrying prompt chunks or vision
+blocks, steps over 40 ms, and the time no step ran. Prints markdown tables; writes JSON to
+$OUT/phone_agent_bench.json. --smoke runs the same on a CPU with the embedded default's
 shapes replaced by a tiny GLM-4.1V (the check that this script works, not a figure).
 """
 from __future__ import annotations
@@ -84,8 +86,36 @@ def screenshot_patches(max_pixels: int) -> int:
     return (h // 14) * (w // 14)
 
 
+def trace_summary(path: str, start: float, end: float) -> dict:
+    """The step trace's lines that ended inside [start, end] (engine/step_trace.py), summed."""
+    steps = []
+    with open(path) as f:
+        for line in f:
+            step = json.loads(line)
+            if start <= step["t"] <= end:
+                step.setdefault("encoder_tokens", 0)    # an isolated step's line has none
+                steps.append(step)
+    if not steps:
+        return {}
+    ms = sorted(s["ms"] for s in steps)
+    decode_only = [s for s in steps if not s["prompt_tokens"] and not s["encoder_tokens"]]
+    encoder = [s for s in steps if s["encoder_tokens"]]
+    prompt = [s for s in steps if s["prompt_tokens"] and not s["encoder_tokens"]]
+    seconds = lambda group: sum(s["ms"] for s in group) / 1e3   # noqa: E731
+    return dict(
+        steps=len(steps), step_p50_ms=ms[len(ms) // 2], step_p99_ms=ms[int(0.99 * (len(ms) - 1))],
+        step_max_ms=ms[-1], steps_over_40ms=sum(1 for m in ms if m > 40),
+        decode_only_s=seconds(decode_only), prompt_s=seconds(prompt), encoder_s=seconds(encoder),
+        idle_s=max(0.0, (end - start) - seconds(steps)),
+        decode_only_ms_mean=1e3 * seconds(decode_only) / max(1, len(decode_only)),
+        decode_rows_mean=statistics.mean(s["decode_rows"] for s in steps),
+        prompt_tokens_per_step=statistics.mean(s["prompt_tokens"] for s in steps),
+        encoder_tokens_per_step=statistics.mean(s["encoder_tokens"] for s in steps))
+
+
 def run_point(args, server: ServerProcess, agents: int, mode: str, label: str) -> dict:
     before = scrape(server.base_url)
+    started = time.time()
     log_start = len(server.log(10 ** 9))
     out_dir = os.path.join(args.out, label)
     cmd = [sys.executable, "-m", "autoglm_serve.cli", "bench", "serve",
@@ -94,6 +124,7 @@ def run_point(args, server: ServerProcess, agents: int, mode: str, label: str) -
            "--output-len", str(args.output_len), "--ignore-eos", "--extra-body", EXTRA[mode],
            "--label", label, "--out", out_dir]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=args.point_timeout_s)
+    ended = time.time()
     after = scrape(server.base_url)
     with open(os.path.join(out_dir, "results.json")) as f:
         point = json.load(f)["points"][0]
@@ -110,7 +141,8 @@ def run_point(args, server: ServerProcess, agents: int, mode: str, label: str) -
                 e2e_mean_ms=summary["e2el_ms"]["mean"],
                 slowest_step_ms=max(busy, default=None),
                 slowest_step_p50_ms=statistics.median(busy) if busy else None,
-                gpu_util=(point.get("gpu") or {}).get("util_mean"))
+                gpu_util=(point.get("gpu") or {}).get("util_mean"),
+                trace=trace_summary(args.trace_path, started, ended))
 
 
 def markdown(rows: list[dict], peak: float) -> str:
@@ -129,6 +161,21 @@ def markdown(rows: list[dict], peak: float) -> str:
             f"{fmt(r['ttft_p99_ms'], 0)} | {fmt(r['tpot_mean_ms'])} / {fmt(r['tpot_p99_ms'])} | "
             f"{fmt(r['e2e_mean_ms'], 0)} | {fmt(r['slowest_step_p50_ms'])} / "
             f"{fmt(r['slowest_step_ms'])} | {fmt(r['gpu_util'], 0)} |")
+    lines += ["", "Step trace (seconds of the run in each kind of step; idle: no step ran):", "",
+              "| agents | sampling | steps | step p50 / p99 / max ms | steps > 40 ms | "
+              "decode-only s (mean ms) | with prompt chunks s | with vision blocks s | idle s | "
+              "decode rows / prompt tokens / vision tokens a step |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        t = r.get("trace") or {}
+        if not t:
+            continue
+        lines.append(
+            f"| {r['agents']} | {r['mode']} | {t['steps']} | {t['step_p50_ms']:.1f} / "
+            f"{t['step_p99_ms']:.1f} / {t['step_max_ms']:.1f} | {t['steps_over_40ms']} | "
+            f"{t['decode_only_s']:.2f} ({t['decode_only_ms_mean']:.1f}) | {t['prompt_s']:.2f} | "
+            f"{t['encoder_s']:.2f} | {t['idle_s']:.2f} | {t['decode_rows_mean']:.1f} / "
+            f"{t['prompt_tokens_per_step']:.0f} / {t['encoder_tokens_per_step']:.0f} |")
     return "\n".join(lines)
 
 
@@ -168,8 +215,10 @@ def main(argv=None) -> None:
                   "--mm-processor-kwargs", json.dumps({"max_pixels": args.max_pixels}),
                   "--limit-mm-per-prompt", '{"image":10}']
     port = free_port()
+    args.trace_path = os.path.join(args.out, "steps.jsonl")
     serve += ["--served-model-name", args.model, "--host", "127.0.0.1", "--port", str(port),
-              "--log-stats-interval", "1"] + args.server_args.split()
+              "--log-stats-interval", "1", "--step-trace", args.trace_path] \
+        + args.server_args.split()
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
     server = ServerProcess(serve, port, os.path.join(args.out, "server.log"), env=env,
                            cwd=ROOT).start(timeout_s=600)

@@ -7,6 +7,7 @@ aborts a request here when its text hits a stop string. So this loop can run on 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,7 @@ from autoglm_serve.engine.core.runner import InFlightStep, ModelRunner
 from autoglm_serve.engine.core.scheduler import Scheduler
 from autoglm_serve.engine.core.warm_up import warm_up
 from autoglm_serve.engine.settings import EngineSettings
+from autoglm_serve.engine.step_trace import StepRecord
 from autoglm_serve.engine.core.sampler import SamplerOutput, make_generator
 from autoglm_serve.models.layers.attention import AttentionBackend
 from autoglm_serve.outputs import RequestError
@@ -119,6 +121,7 @@ class EngineCore:
                                    config.enable_chunked_prefill, self.max_model_len,
                                    images.ready if images is not None else None)
         self._inflight: InFlightStep | None = None
+        self.last_step: StepRecord | None = None     # what the last step did (step_trace.py)
         self.isolation = FaultIsolation(self.max_num_batched_tokens, self.runner.release_memory)
         self._failed: list[CoreOutput] = []     # requests failed outside a step's outputs
         self.requests: dict[str, Request] = {}
@@ -224,6 +227,7 @@ class EngineCore:
             if not (self.scheduler.has_unfinished() or self._inflight is not None):
                 self.grammars.wait(0.005)   # only compiles to wait for: do not spin
             self._schedule_compiled()
+        self.last_step = None
         outputs = self._isolated_step() if self.isolation.isolating else self._batched_step()
         if self._failed:
             outputs, self._failed = self._failed + outputs, []
@@ -264,8 +268,12 @@ class EngineCore:
         runs step N; a token sampled by N reaches N+1's inputs on the device, and the counts
         that penalties read (engine/core/token_counts.py). The price: a request that stops
         (EOS, stop token, abort) computes one token too many, discarded."""
-        encoded = self._encode_images()
-        sched = self.scheduler.schedule(self.max_num_batched_tokens - encoded)
+        t0 = time.perf_counter()
+        budget = self._step_budget()
+        encoded = self._encode_images(budget)
+        t1 = time.perf_counter()
+        sched = self.scheduler.schedule(budget - encoded)
+        t2 = time.perf_counter()
         launched = None
         if not sched.is_empty:
             try:
@@ -278,14 +286,29 @@ class EngineCore:
             else:
                 self.scheduler.update_after_launch(sched.scheduled)
                 self.isolation.steps_succeeded()
+        t3 = time.perf_counter()
         outputs = self._complete(self._inflight) if self._inflight is not None else []
+        t4 = time.perf_counter()
         self._inflight = launched
-        if launched is not None and (launched.needs_sync or not self.config.async_scheduling):
+        synced = launched is not None and (launched.needs_sync or not self.config.async_scheduling)
+        if synced:
             outputs += self._complete(launched)
             self._inflight = None
+        self.last_step = StepRecord(sched, encoded, t1 - t0, t2 - t1, t3 - t2, t4 - t3,
+                                    time.perf_counter() - t4 if synced else None)
         return outputs
 
-    def _encode_images(self) -> int:
+    def _step_budget(self) -> int:
+        """The step's tokens: max_num_batched_tokens, or decode_step_tokens while a request
+        decodes, so that prompt chunks and vision blocks stretch each of its tokens by
+        at most that much work."""
+        limit = self.config.decode_step_tokens
+        if limit is None or limit >= self.max_num_batched_tokens \
+                or not self.scheduler.has_decodes():
+            return self.max_num_batched_tokens
+        return limit
+
+    def _encode_images(self, step_budget: int) -> int:
         """Vision-tower blocks for the image the first held prompt needs, within what the
         running requests leave of the step's budget (engine/core/image_encoder.py); returns
         the budget used. The encoder runs one image at a time, so an image that fails to
@@ -297,7 +320,7 @@ class EngineCore:
         todo = self.scheduler.image_to_encode()
         if todo is None:        # the common step: skip pricing what the running requests owe
             return 0
-        budget = self.max_num_batched_tokens - self.scheduler.tokens_owed_by_running()
+        budget = step_budget - self.scheduler.tokens_owed_by_running()
         if budget <= 0:
             return 0
         req, item = todo

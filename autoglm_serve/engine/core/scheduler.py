@@ -86,8 +86,8 @@ class Scheduler:
         """budget: the step's tokens (default max_num_batched_tokens; less what the vision
         tower took this step); running decodes get theirs whatever is left."""
         out = SchedulerOutput()
-        full = self.max_num_batched_tokens
-        budget = full if budget is None else max(budget, 0)
+        budget = self.max_num_batched_tokens if budget is None else max(budget, 0)
+        start_budget = budget
         chosen: set[str] = set()
 
         # Running requests: decodes (one token owed) before prefill chunks. What each owes (an
@@ -159,7 +159,7 @@ class Scheduler:
             out.scheduled.append(ScheduledRequest(req, n))
             budget -= n
 
-        out.num_batched_tokens = full - budget
+        out.num_batched_tokens = start_budget - budget
         return out
 
     # ---- images ---------------------------------------------------------------------------
@@ -199,6 +199,10 @@ class Scheduler:
             if item.offset + item.length > start and not self.image_ready(item):
                 return item
         return None
+
+    def has_decodes(self) -> bool:
+        """Whether a running request is past its prompt (its next token is a decode)."""
+        return any(r.num_computed_tokens >= r.num_prompt_tokens for r in self.running)
 
     def tokens_owed_by_running(self) -> int:
         """What running requests can compute this step: a token per decode, and each prefill's

@@ -10,6 +10,7 @@ from autoglm_serve.engine.core.engine_core import CoreOutput, EngineCore
 from autoglm_serve.engine.process.core_messages import AbortRequests, AddRequests, Shutdown
 from autoglm_serve.engine.stats import CoreStats, core_stats
 from autoglm_serve.engine.stats import StatsLogger
+from autoglm_serve.engine.step_trace import StepTrace
 
 
 def run_core_loop(core: EngineCore, inbox: queue.Queue,
@@ -19,9 +20,11 @@ def run_core_loop(core: EngineCore, inbox: queue.Queue,
 
     Stats also go out alone when they changed without a step (an abort while idle), so the
     server's /metrics never shows a finished request as running. With log_stats_interval_s,
-    a line on the engine's pace is logged that often while it works."""
+    a line on the engine's pace is logged that often while it works; with the config's
+    step_trace_path, a line per step is written there (engine/step_trace.py)."""
     last_stats = None
     stats_logger = StatsLogger(log_stats_interval_s) if log_stats_interval_s else None
+    trace = StepTrace(core.config.step_trace_path) if core.config.step_trace_path else None
     if core.workers is not None:
         # a server that lost a tensor-parallel worker while idle exits rather than wait
         core.workers.exit_process_on_death = True
@@ -42,8 +45,11 @@ def run_core_loop(core: EngineCore, inbox: queue.Queue,
             if core.has_unfinished():
                 t0 = time.monotonic()
                 outputs = core.step()
+                seconds = time.monotonic() - t0
                 if stats_logger is not None:
-                    stats_logger.step_done(core, time.monotonic() - t0, prompt_tokens_before)
+                    stats_logger.step_done(core, seconds, prompt_tokens_before)
+                if trace is not None:
+                    trace.step_done(core, seconds)
             stats = core_stats(core)
             if outputs or stats != last_stats:
                 emit(outputs, stats)
@@ -51,6 +57,8 @@ def run_core_loop(core: EngineCore, inbox: queue.Queue,
     finally:
         if stats_logger is not None:
             stats_logger.close()
+        if trace is not None:
+            trace.close()
         core.shutdown()
 
 

@@ -1,0 +1,56 @@
+"""A JSON line per engine step (`serve --step-trace PATH`): where a served workload's time goes.
+
+The periodic log line gives a step's mean and slowest per interval; a trace gives every step:
+when it ended (wall clock, so a client's run windows select its steps), how long the core took
+over it, and what it carried: decode rows, prompt tokens and the prompts they came from, the
+vision tower's share in token-equivalents, and the queue after it. With async scheduling a
+step's time is mostly the wait for the one before it to finish on the device, so on a busy GPU
+it is that step's device time.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class StepRecord:
+    """What one batched step of the core did, and the host's seconds in each of its parts."""
+    scheduled: object              # SchedulerOutput
+    encoder_tokens: int            # the vision tower's blocks, in token-equivalents
+    encode_s: float                # running them (launches, unless something syncs)
+    schedule_s: float
+    launch_s: float                # the step's inputs and launches (and its update)
+    wait_s: float                  # completing the step before: mostly the wait for the device
+    sync_s: float | None           # completing this step at once (None: left in flight)
+
+
+class StepTrace:
+    def __init__(self, path: str):
+        self._file = open(path, "a", buffering=1)   # line-buffered: readable while it runs
+
+    def step_done(self, core, seconds: float) -> None:
+        record = core.last_step
+        decode_rows = prompt_tokens = prompts = 0
+        for s in record.scheduled.scheduled if record is not None else ():
+            # counted after the launch: the step's tokens are already in num_computed_tokens
+            if s.request.num_computed_tokens - s.num_new_tokens >= s.request.num_prompt_tokens:
+                decode_rows += 1
+            else:
+                prompts += 1
+                prompt_tokens += s.num_new_tokens
+        line = {"t": round(time.time(), 6), "ms": round(1e3 * seconds, 3),
+                "decode_rows": decode_rows, "prompt_tokens": prompt_tokens, "prompts": prompts,
+                "running": core.num_running, "waiting": core.num_waiting}
+        if record is not None:
+            line.update(encoder_tokens=record.encoder_tokens,
+                        encode_ms=round(1e3 * record.encode_s, 3),
+                        schedule_ms=round(1e3 * record.schedule_s, 3),
+                        launch_ms=round(1e3 * record.launch_s, 3),
+                        wait_ms=round(1e3 * record.wait_s, 3),
+                        sync_ms=None if record.sync_s is None else round(1e3 * record.sync_s, 3))
+        self._file.write(json.dumps(line) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
