@@ -26,7 +26,10 @@ def build(tmp_path, arch):
     return path
 
 
-def run(path, dtype, backend, eager, store):
+SAMPLING = {"greedy": {}, "open-autoglm": dict(top_p=0.85, frequency_penalty=0.2)}
+
+
+def run(path, dtype, backend, eager, store, sampling="greedy"):
     """The reference (torch backend) runs in plain PyTorch: the fused kernels off."""
     from autoglm_serve.kernels import fused_ops
     was = fused_ops.ENABLED
@@ -39,7 +42,7 @@ def run(path, dtype, backend, eager, store):
             store.setdefault(r.request_id, []).append(logits[i].float().cpu())
             for i, r in enumerate(reqs)]
         outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=STEPS,
-                                                    ignore_eos=True))
+                                                    ignore_eos=True, **SAMPLING[sampling]))
     finally:
         fused_ops.ENABLED = was
     return llm, [(o.request_id, o.outputs[0].token_ids) for o in outs]
@@ -52,13 +55,16 @@ def rel(a, b):
 ARCHS = ["llama", "glm4", "glm4-real-shapes"]
 
 
+@pytest.mark.parametrize("sampling", SAMPLING)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_fast_path_matches_reference_fp32(tmp_path, arch):
-    """In float32 every kernel is exact up to summation order: tokens identical at every step."""
+def test_fast_path_matches_reference_fp32(tmp_path, arch, sampling):
+    """In float32 every kernel is exact up to summation order: tokens identical at every step,
+    also with Open-AutoGLM's penalty (device-side counts on the async path, against the
+    reference's eager steps)."""
     path = build(tmp_path, arch)
     ref_logits, fast_logits = {}, {}
-    _, ref = run(path, "float32", "torch", True, ref_logits)
-    llm, fast = run(path, "float32", "triton", False, fast_logits)
+    _, ref = run(path, "float32", "torch", True, ref_logits, sampling)
+    llm, fast = run(path, "float32", "triton", False, fast_logits, sampling)
     assert llm.engine.core.runner.graphs is not None
     for (rid_a, a), (rid_b, b) in zip(ref, fast):
         assert a == b
