@@ -45,9 +45,11 @@ W4_CONFIGS = {1: [Config(16, 64, 1), Config(8, 256, 2, dot=False)],
 @pytest.mark.parametrize("zeros", [False, True])
 @pytest.mark.parametrize("m", [1, 3, 8])
 def test_w4a16_gemv_matches_dequantized_matmul(group, zeros, m):
+    """fp32 activations, bf16 scales: the dequantized weights are exact, so only the fp32
+    summation order differs from the reference."""
     k = 320 if group != 128 else 384       # K a multiple of the group
     g = gen()
-    qw, s, z = random_w4(37, k, group, zeros, torch.float32, DEVICE, g)
+    qw, s, z = random_w4(37, k, group, zeros, torch.bfloat16, DEVICE, g)
     x = torch.randn(m, k, generator=g).to(DEVICE)
     bias = torch.randn(37, generator=g).to(DEVICE)
     for cfg in W4_CONFIGS[m]:
@@ -65,6 +67,15 @@ def test_w4a16_gated_gemv_matches_two_step_path(m):
         out = w4a16_gemv.w4a16_gated_gemv(x, qw, s, z, 64, cfg)
         assert out.shape == (m, 21) and out.dtype == torch.bfloat16
         assert rel(out, w4a16_reference(x, qw, s, z, 64, gated=True)) < 1e-2
+
+
+def test_w4a16_gemv_with_fp32_scales():
+    """Scales of 24 significant bits make the in-register dequantization round (~1e-5)."""
+    g = gen()
+    qw, s, z = random_w4(37, 256, 64, True, torch.float32, DEVICE, g)
+    x = torch.randn(2, 256, generator=g).to(DEVICE)
+    out = w4a16_gemv.w4a16_gemv(x, qw, s, z, 64, None, Config(16, 128, 2, dot=False))
+    assert rel(out, w4a16_reference(x, qw, s, z, 64)) < 1e-4
 
 
 def test_w4a16_default_config_in_bf16_at_a_model_shape_slice():

@@ -12,7 +12,10 @@ workspaces) with these changes:
   its rows and the nibbles are split off along a third axis held in each thread's registers, so
   no reshape (a shared-memory round trip) happens on the one-row path;
 - a nibble becomes a float with no int-to-float conversion (a slow instruction on the SMs):
-  ``bitcast(q | 0x4B000000)`` is exactly 2**23 + q, and subtracting 2**23 + zero is exact too;
+  moved into a float's mantissa it is v = 1 + q * 2**-e, and one fma gives (q - zero) * scale *
+  2**-e exactly; x is multiplied by 2**e instead (``_dequant``): ~4 instructions per weight
+  with the accumulating fma, where the instruction issue rate, not HBM, would bound a kernel
+  spending 6 or more;
 - one row: products accumulated elementwise in fp32 and reduced once at the end (CUDA cores);
   2..MAX_ROWS rows: the dequantized bf16 tile reshaped for ``tl.dot`` (``dot=True``) or the
   rows multiplied on CUDA cores and reduced per tile (``dot=False``); the sweep picks.
@@ -62,38 +65,55 @@ def select_config(m: int, n: int, k: int, group: int, gated: bool = False) -> Ge
 
 
 @triton.jit
-def _dequant(q_ptrs, s_rows, z_rows, g, w_mask, shifts, HAS_ZEROS: tl.constexpr,
-             ONE_GROUP: tl.constexpr):
-    """[BLOCK_N, BLOCK_K / 8, 8] fp32 weights from BLOCK_K / 8 packed words per row."""
-    packed = tl.load(q_ptrs, mask=w_mask[None, :], other=0)
-    nib = (packed[:, :, None] >> shifts[None, None, :]) & 0xF
-    biased = (nib | 0x4B000000).to(tl.float32, bitcast=True)     # exactly 2**23 + q
+def _dequant(q_ptrs, s_rows, z_rows, g, w_mask, HAS_ZEROS: tl.constexpr, ONE_GROUP: tl.constexpr):
+    """[BLOCK_N, BLOCK_K / 8, 8] fp32 weights (q - zero) * scale * 2**-e[j] from BLOCK_K / 8
+    packed words per row, exactly; the caller multiplies x by 2**e[j] (see ``_nibble_exponent``).
+
+    Nibble j is moved to bits 12..15 (even j) or 16..19 (odd j) of a float's mantissa under the
+    exponent of 1.0, making v = 1 + q * 2**-e with e = 11 or 7: one shift per two nibbles (the
+    word is shifted by 12, 4, -4 or -12) and one and-or per nibble, no int-to-float conversion.
+    Then fma(v, s, -(1 + z * 2**-e) * s) = (q - z) * s * 2**-e, exact for 16-bit scales: every
+    product has at most 12 + 11 significant bits, so nothing rounds (fp32 scales: ~1e-5)."""
+    j = tl.arange(0, 8)[None, None, :]
+    p = tl.load(q_ptrs, mask=w_mask[None, :], other=0)[:, :, None]
+    moved = tl.where(j < 2, p << 12, tl.where(j < 4, p << 4, tl.where(j < 6, p >> 4, p >> 12)))
+    bits = (moved & tl.where(j % 2 == 0, 0xF000, 0xF0000)) | 0x3F800000
+    v = bits.to(tl.float32, bitcast=True)
     if ONE_GROUP:    # the whole tile lies in group g of each row
         s = tl.load(s_rows + g).to(tl.float32)[:, None, None]
         if HAS_ZEROS:
             z = tl.load(z_rows + g).to(tl.float32)[:, None, None]
-        else:
-            z = 8.0
     else:            # g: the group of each word
         s = tl.load(s_rows[:, None] + g[None, :]).to(tl.float32)[:, :, None]
         if HAS_ZEROS:
             z = tl.load(z_rows[:, None] + g[None, :]).to(tl.float32)[:, :, None]
-        else:
-            z = 8.0
-    return (biased - (8388608.0 + z)) * s
+    if not HAS_ZEROS:
+        z = 8.0
+    c = 1.0 + z * tl.where(j % 2 == 0, 1.0 / 2048.0, 1.0 / 128.0)
+    return tl.fma(v, s, -(c * s))
 
 
 @triton.jit
-def _accumulate(acc, w, x, USE_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr):
+def _nibble_exponent():
+    """2**e[j] for the 8 nibbles of a word (the scale ``_dequant`` leaves on the weights)."""
+    j = tl.arange(0, 8)[None, None, :]
+    return tl.where(j % 2 == 0, 2048.0, 128.0)
+
+
+@triton.jit
+def _accumulate(acc, w, x, DOT_DTYPE: tl.constexpr, USE_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc += w x^T; w and x fp32 (scaled by 2**-e and 2**e), DOT_DTYPE the activation's."""
     if USE_DOT:
-        wt = tl.reshape(w.to(x.dtype), (BLOCK_N, BLOCK_K))
+        # rounding w * 2**-e to 16 bits is rounding w (a power-of-two scale commutes)
+        wt = tl.reshape(w.to(DOT_DTYPE), (BLOCK_N, BLOCK_K))
+        x = x.to(DOT_DTYPE)
         xt = tl.trans(tl.reshape(x, (BLOCK_M, BLOCK_K)))
         acc = tl.dot(wt, xt, acc, input_precision="ieee")
     elif BLOCK_M == 1:
-        acc += w * x.to(tl.float32)          # [BN, BW, 8] * [1, BW, 8]
+        acc += w * x                         # [BN, BW, 8] * [1, BW, 8]
     else:
-        prod = w[:, None, :, :] * x.to(tl.float32)[None, :, :, :]
+        prod = w[:, None, :, :] * x[None, :, :, :]
         acc += tl.sum(tl.sum(prod, axis=3), axis=2)
     return acc
 
@@ -114,7 +134,6 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
     rows = tl.minimum(offs_n, N - 1).to(tl.int64)   # rows past N re-read row N - 1, dropped
     offs_m = tl.arange(0, BLOCK_M)
     offs_w = tl.arange(0, BW)
-    shifts = tl.arange(0, 8) * 4
     words = K // 8
     groups = K // GROUP
     q_gate = qw_ptr + rows[:, None] * words + offs_w[None, :]
@@ -127,6 +146,7 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
     x_tile = (x_ptr + offs_m[:, None, None] * K + (offs_w * 8)[None, :, None]
               + tl.arange(0, 8)[None, None, :])
     m_mask = offs_m[:, None, None] < M
+    DOT_DTYPE: tl.constexpr = x_ptr.dtype.element_ty
 
     chunks_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
     k_start = pid_k * chunks_per_split * BLOCK_K
@@ -140,15 +160,16 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
     for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
         w_mask = offs_w < words - k // 8
         x = tl.load(x_tile + k, mask=m_mask & w_mask[None, :, None], other=0.0)
+        x = x.to(tl.float32) * _nibble_exponent()     # exact: powers of two
         if ONE_GROUP:
             g = k // GROUP
         else:    # masked words past K would name a group past the last: clamp (x is 0 there)
             g = tl.minimum((k + offs_w * 8) // GROUP, groups - 1)
-        w = _dequant(q_gate + k // 8, s_gate, z_gate, g, w_mask, shifts, HAS_ZEROS, ONE_GROUP)
-        acc = _accumulate(acc, w, x, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
+        w = _dequant(q_gate + k // 8, s_gate, z_gate, g, w_mask, HAS_ZEROS, ONE_GROUP)
+        acc = _accumulate(acc, w, x, DOT_DTYPE, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
         if GATED:
-            w2 = _dequant(q_up + k // 8, s_up, z_up, g, w_mask, shifts, HAS_ZEROS, ONE_GROUP)
-            acc_up = _accumulate(acc_up, w2, x, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
+            w2 = _dequant(q_up + k // 8, s_up, z_up, g, w_mask, HAS_ZEROS, ONE_GROUP)
+            acc_up = _accumulate(acc_up, w2, x, DOT_DTYPE, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
     if USE_DOT or BLOCK_M > 1:
         out = acc
         out_up = acc_up
