@@ -101,19 +101,19 @@ def _nibble_exponent():
 
 
 @triton.jit
-def _accumulate(acc, w, x, DOT_DTYPE: tl.constexpr, USE_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc += w x^T; w and x fp32 (scaled by 2**-e and 2**e), DOT_DTYPE the activation's."""
+def _accumulate(acc, w, x, USE_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr):
+    """acc += w x^T for w from ``_dequant`` (scaled by 2**-e) and the x tile as loaded."""
+    xs = x.to(tl.float32) * _nibble_exponent()      # exact: powers of two
     if USE_DOT:
         # rounding w * 2**-e to 16 bits is rounding w (a power-of-two scale commutes)
-        wt = tl.reshape(w.to(DOT_DTYPE), (BLOCK_N, BLOCK_K))
-        x = x.to(DOT_DTYPE)
-        xt = tl.trans(tl.reshape(x, (BLOCK_M, BLOCK_K)))
+        wt = tl.reshape(w.to(x.dtype), (BLOCK_N, BLOCK_K))
+        xt = tl.trans(tl.reshape(xs.to(x.dtype), (BLOCK_M, BLOCK_K)))
         acc = tl.dot(wt, xt, acc, input_precision="ieee")
     elif BLOCK_M == 1:
-        acc += w * x                         # [BN, BW, 8] * [1, BW, 8]
+        acc += w * xs                        # [BN, BW, 8] * [1, BW, 8]
     else:
-        prod = w[:, None, :, :] * x[None, :, :, :]
+        prod = w[:, None, :, :] * xs[None, :, :, :]
         acc += tl.sum(tl.sum(prod, axis=3), axis=2)
     return acc
 
@@ -146,7 +146,6 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
     x_tile = (x_ptr + offs_m[:, None, None] * K + (offs_w * 8)[None, :, None]
               + tl.arange(0, 8)[None, None, :])
     m_mask = offs_m[:, None, None] < M
-    DOT_DTYPE: tl.constexpr = x_ptr.dtype.element_ty
 
     chunks_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
     k_start = pid_k * chunks_per_split * BLOCK_K
@@ -160,16 +159,15 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
     for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
         w_mask = offs_w < words - k // 8
         x = tl.load(x_tile + k, mask=m_mask & w_mask[None, :, None], other=0.0)
-        x = x.to(tl.float32) * _nibble_exponent()     # exact: powers of two
         if ONE_GROUP:
             g = k // GROUP
         else:    # masked words past K would name a group past the last: clamp (x is 0 there)
             g = tl.minimum((k + offs_w * 8) // GROUP, groups - 1)
         w = _dequant(q_gate + k // 8, s_gate, z_gate, g, w_mask, HAS_ZEROS, ONE_GROUP)
-        acc = _accumulate(acc, w, x, DOT_DTYPE, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
+        acc = _accumulate(acc, w, x, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
         if GATED:
             w2 = _dequant(q_up + k // 8, s_up, z_up, g, w_mask, HAS_ZEROS, ONE_GROUP)
-            acc_up = _accumulate(acc_up, w2, x, DOT_DTYPE, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
+            acc_up = _accumulate(acc_up, w2, x, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
     if USE_DOT or BLOCK_M > 1:
         out = acc
         out_up = acc_up

@@ -45,15 +45,18 @@ def _gate(out, dtype):
 
 
 def random_w4(n, k, group, zeros, dtype, device, gen):
-    """(qweight, scales, zeros) in our packed layout, with scales of a plausible size."""
-    q = torch.randint(0, 16, (n, k), generator=gen)
-    s = (torch.rand(n, k // group, generator=gen) * 0.02 + 0.001).to(dtype)
-    z = torch.randint(0, 16, (n, k // group), generator=gen, dtype=torch.uint8) if zeros else None
+    """(qweight, scales, zeros) in our packed layout, with scales of a plausible size; drawn
+    on ``gen``'s device."""
+    on = gen.device
+    q = torch.randint(0, 16, (n, k), generator=gen, device=on)
+    s = (torch.rand(n, k // group, generator=gen, device=on) * 0.02 + 0.001).to(dtype)
+    z = (torch.randint(0, 16, (n, k // group), generator=gen, dtype=torch.uint8, device=on)
+         if zeros else None)
     return pack_last_dim(q, 4).to(device), s.to(device), None if z is None else z.to(device)
 
 
 def random_fp8(n, k, device, gen):
-    q, s = quantize_rows(torch.randn(n, k, generator=gen) * k ** -0.5)
+    q, s = quantize_rows(torch.randn(n, k, generator=gen, device=gen.device) * k ** -0.5)
     return q.to(device), s.view(-1).to(device)
 
 

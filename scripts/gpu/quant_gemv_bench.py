@@ -19,9 +19,10 @@ Times are medians of CUDA-graph replays over enough weight copies (> 150 MB) tha
 of a launch's weights, as in the 40-layer step. TB/s = weight bytes (with scales, zeros) / time.
 Then the 40-layer decode step's GEMM time per mode (4 linears a layer + lm_head in bf16), the
 large-M (offline, prefill) comparison of bf16 cuBLAS, the W4A16 GEMM and _scaled_mm with either
-quantization, and the two TUNED tables ready to paste. Each shape's sweeps get an equal share of
---budget-s (default 170 s, compiles included): past 75% of it they skip their second stage
-(warps x stages around the best tile), past 100% they time only the default config.
+quantization, and the two TUNED tables ready to paste. Each (shape, M, kernel) sweep gets an
+equal share of what is left of --budget-s (default 170 s, compiles included): past 75% of its
+share it skips its second stage (warps x stages around the best tile), past 100% it stops
+(the default config is always timed).
 """
 from __future__ import annotations
 
@@ -170,14 +171,17 @@ class Bench:
         self.device = "cpu" if args.smoke else "cuda"
         self.start = time.monotonic()
         self.failures = 0
-        self.deadline = self.stage2_deadline = args.budget_s
+        self.sweeps_left = 0
+        self.deadline = args.budget_s
 
-    def start_shape(self, index: int, count: int) -> None:
-        """Each shape's sweeps get an equal slot of the budget (stage 2: its first 75%), so a
-        slow compile early does not leave the last shapes untuned."""
-        slot = (self.args.budget_s - self.elapsed()) / (count - index)
-        self.deadline = self.elapsed() + slot
-        self.stage2_deadline = self.elapsed() + 0.75 * slot
+    def start_sweep(self) -> float:
+        """Each sweep gets an equal share of what is left of the budget (time a sweep leaves
+        unused, where its kernels were compiled already, goes to the later ones), so slow
+        compiles early do not leave the last shapes untuned. Returns the sweep's start."""
+        now = self.elapsed()
+        self.deadline = now + max(0.0, self.args.budget_s - now) / max(1, self.sweeps_left)
+        self.sweeps_left -= 1
+        return now
 
     def elapsed(self) -> float:
         return time.monotonic() - self.start
@@ -194,7 +198,7 @@ class Bench:
                                                               random_w4, w4a16_reference)
         dev, args = self.device, self.args
         group = GROUP if shape.k % GROUP == 0 else 64
-        gen = torch.Generator().manual_seed(0)
+        gen = torch.Generator(device=dev).manual_seed(0)
         bf16_bytes = shape.rows * shape.k * 2
         w4 = random_w4(shape.rows, shape.k, group, True, DTYPE, dev, gen)
         w4_bytes = sum(t.numel() * t.element_size() for t in w4)
@@ -203,7 +207,7 @@ class Bench:
         f8_bytes = sum(t.numel() * t.element_size() for t in f8)
         f8s = [f8] + [tuple(t.clone() for t in f8) for _ in range(self.copies(f8_bytes) - 1)]
         w16 = [(fp8_reference_weight(f8)).to(DTYPE) for _ in range(self.copies(bf16_bytes))]
-        bias = torch.randn(shape.n, generator=gen).to(dev, DTYPE) if shape.bias else None
+        bias = torch.randn(shape.n, generator=gen, device=dev).to(dev, DTYPE) if shape.bias else None
         silu = SiluAndMul()
 
         def post(y):
@@ -211,7 +215,7 @@ class Bench:
 
         records = []
         for m in args.ms:
-            x = torch.randn(m, shape.k, generator=gen).to(dev, DTYPE)
+            x = torch.randn(m, shape.k, generator=gen, device=dev).to(dev, DTYPE)
             rec = {"shape": shape.name, "m": m, "n": shape.n, "k": shape.k, "group": group,
                    "bytes": {"bf16": bf16_bytes, "w4a16": w4_bytes, "fp8": f8_bytes}}
 
@@ -268,19 +272,20 @@ class Bench:
     def sweep_kernel(self, configs, run, check, est, m, shape, label):
         """Stage 1 over tile shapes and split-K; stage 2 over warps x stages for the best two."""
         timed: dict = {}
-        self._measure(configs, run, check, est, label, timed, self.deadline)
-        if timed and not self.args.smoke:
+        start = self.start_sweep()
+        self._measure(configs, run, check, est, label, timed, 1)
+        stage2_from = start + 0.75 * (self.deadline - start)
+        if timed and not self.args.smoke and self.elapsed() < stage2_from:
             best = sorted(timed, key=timed.get)[:1]
-            self._measure(refine(best, m, shape), run, check, est, label, timed,
-                          self.stage2_deadline)
+            self._measure(refine(best, m, shape), run, check, est, label, timed, 2)
         return timed
 
-    def _measure(self, configs, run, check, est, label, timed, budget):
+    def _measure(self, configs, run, check, est, label, timed, stage):
         done = 0
         for cfg in configs:
             if cfg in timed:
                 continue
-            if (done or budget < self.deadline) and self.elapsed() > budget:
+            if (done or stage == 2) and self.elapsed() > self.deadline:
                 print(f"    {label}: out of time budget, {len(configs) - done} configs skipped",
                       flush=True)
                 return
@@ -372,15 +377,15 @@ def large_m(bench, shapes) -> list[dict]:
     from autoglm_serve.quantization import fp8
     from autoglm_serve.quantization.kernel_checks import random_fp8, random_w4
     dev = bench.device
-    gen = torch.Generator().manual_seed(1)
+    gen = torch.Generator(device=dev).manual_seed(1)
     out = []
     for shape in shapes:
         group = GROUP if shape.k % GROUP == 0 else 64
-        w16 = torch.randn(shape.rows, shape.k, generator=gen).to(dev, DTYPE) * 0.02
+        w16 = torch.randn(shape.rows, shape.k, generator=gen, device=dev).to(dev, DTYPE) * 0.02
         w4 = random_w4(shape.rows, shape.k, group, True, DTYPE, dev, gen)
         f8 = random_fp8(shape.rows, shape.k, dev, gen)
         for m in bench.args.large_ms:
-            x = torch.randn(m, shape.k, generator=gen).to(dev, DTYPE)
+            x = torch.randn(m, shape.k, generator=gen, device=dev).to(dev, DTYPE)
             est = 2 * m * shape.rows * shape.k / 500e12
             rec = {"shape": shape.name, "m": m}
             for name, fn in (("bf16_cublas", lambda: F.linear(x, w16)),
@@ -448,8 +453,8 @@ def main():
         shapes = [s for s in SHAPES if s.name in args.shapes.split(",")]
     bench = Bench(args)
     records = []
-    for i, shape in enumerate(shapes):
-        bench.start_shape(i, len(shapes))
+    bench.sweeps_left = 2 * len(shapes) * len(args.ms)
+    for shape in shapes:
         print(f"[{bench.elapsed():5.0f} s] {shape.name} N={shape.n} K={shape.k}", flush=True)
         records += bench.run_shape(shape)
 
