@@ -63,7 +63,7 @@ def test_w4a16_gated_gemv_matches_two_step_path(m):
     g = gen()
     qw, s, z = random_w4(2 * 21, 256, 64, True, torch.bfloat16, DEVICE, g)
     x = torch.randn(m, 256, generator=g).to(DEVICE, torch.bfloat16)
-    for cfg in (None, Config(8, 64, 2, dot=m > 1)):
+    for cfg in (None, Config(16, 128, 2, dot=m > 1), Config(8, 64, 2)):
         out = w4a16_gemv.w4a16_gated_gemv(x, qw, s, z, 64, cfg)
         assert out.shape == (m, 21) and out.dtype == torch.bfloat16
         assert rel(out, w4a16_reference(x, qw, s, z, 64, gated=True)) < 1e-2

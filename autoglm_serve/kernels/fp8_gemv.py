@@ -9,8 +9,8 @@ workspaces):
 
 - each program first computes the amax of its activation rows over all of K (x is a few KB and
   sits in L2), so the per-token scale needs no other kernel;
-- in the K loop the activation tile is quantized the same way (x / scale, saturated, rounded to
-  e4m3) and the weight tile converted in registers; the products of two e4m3 values are exact
+- in the K loop the activation tile is quantized the same way (x * (1 / scale), saturated,
+  rounded to e4m3) and the weight tile converted in registers; the products of two e4m3 values are exact
   in fp32 (one row, CUDA cores) and in a bf16 ``tl.dot`` (e4m3 values are exact in bf16), so
   the sum is the W8A8 product ``_scaled_mm`` computes, up to fp32 summation order;
 - the fp32 result is scaled by x_scale * w_scale[n] before the split-K reduction (linear, so the
@@ -34,8 +34,8 @@ ENABLED = True
 MAX_ROWS = 8
 DOT_MIN_ROWS = 16
 DTYPES = (torch.bfloat16, torch.float16)
-FP8_MAX = 448.0
-MIN_SCALE = 1e-12      # as quantization/fp8.py
+FP8_MAX = tl.constexpr(448.0)       # constexpr: a global the kernels read
+MIN_SCALE = tl.constexpr(1e-12)     # as quantization/fp8.py
 
 # (kind, rows bucket, N, K) -> config (or None: _scaled_mm), from the H200.
 TUNED: dict[tuple[str, int, int, int], GemvConfig | None] = {}
@@ -83,7 +83,10 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr, count_p
     for k in range(0, K, BLOCK_K):
         xa = tl.load(x_tile + k, mask=m_mask & (offs_k[None, :] < K - k), other=0.0)
         amax = tl.maximum(amax, tl.max(tl.abs(xa.to(tl.float32)), axis=1))
-    x_scale = tl.maximum(amax / FP8_MAX, MIN_SCALE)
+    x_scale = tl.maximum(tl.div_rn(amax, FP8_MAX), MIN_SCALE)
+    # a multiply per activation, not a division: x * (1 / s) may differ from x / s by an ulp,
+    # which moves an e4m3 rounding only at a tie boundary (rare, one ulp of one element)
+    x_inv = tl.div_rn(tl.full(x_scale.shape, 1.0, tl.float32), x_scale)
 
     chunks_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
     k_start = pid_k * chunks_per_split * BLOCK_K
@@ -105,7 +108,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr, count_p
             w = tl.load(w_gate + k, mask=k_mask, other=0.0)
             if GATED:
                 w2 = tl.load(w_up + k, mask=k_mask, other=0.0)
-        xq = tl.clamp(x.to(tl.float32) / x_scale[:, None], -FP8_MAX, FP8_MAX)
+        xq = tl.clamp(x.to(tl.float32) * x_inv[:, None], -FP8_MAX, FP8_MAX)
         xq = xq.to(tl.float8e4nv).to(tl.float32)
         if USE_DOT:
             xt = tl.trans(xq.to(tl.bfloat16))

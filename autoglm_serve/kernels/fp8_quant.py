@@ -16,8 +16,8 @@ from autoglm_serve.kernels import pdl
 from autoglm_serve.kernels.pdl import wait_for_previous_grid
 
 FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0
-MIN_SCALE = 1e-12
+FP8_MAX = tl.constexpr(448.0)       # constexpr: a global the kernels read
+MIN_SCALE = tl.constexpr(1e-12)
 
 
 @triton.jit
@@ -31,12 +31,13 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, BLOCK_K: tl.constexp
     for k in range(0, K, BLOCK_K):
         x = tl.load(x_row + k + offs, mask=offs < K - k, other=0.0)
         amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
-    scale = tl.maximum(tl.max(amax, axis=0) / FP8_MAX, MIN_SCALE)
+    # IEEE divisions (Triton's / is approximate): bit for bit the torch ops
+    scale = tl.maximum(tl.div_rn(tl.max(amax, axis=0), FP8_MAX), MIN_SCALE)
     tl.store(s_ptr + row, scale)
     for k in range(0, K, BLOCK_K):
         mask = offs < K - k
         x = tl.load(x_row + k + offs, mask=mask, other=0.0)
-        q = tl.clamp(x.to(tl.float32) / scale, -FP8_MAX, FP8_MAX)
+        q = tl.clamp(tl.div_rn(x.to(tl.float32), scale), -FP8_MAX, FP8_MAX)
         tl.store(q_ptr + row * K + k + offs, q.to(tl.float8e4nv), mask=mask)
 
 

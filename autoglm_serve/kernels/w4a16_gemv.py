@@ -8,17 +8,17 @@ the unpacking costs few instructions per weight; it is built like kernels/gemv.p
 GemvConfig, same split-K with the deterministic last-program reduction, PDL, graph-safe
 workspaces) with these changes:
 
-- tiles are [BLOCK_N, BLOCK_K / 8, 8]: a program loads BLOCK_K / 8 contiguous words of each of
-  its rows and the nibbles are split off along a third axis held in each thread's registers, so
-  no reshape (a shared-memory round trip) happens on the one-row path;
+- a program loads BLOCK_K / 8 contiguous words of each of its rows (wide loads) and takes the
+  8 nibbles of every word in turn, nibble j against x[8w + j]: no reshape of a tile (a
+  shared-memory round trip in Triton);
 - a nibble becomes a float with no int-to-float conversion (a slow instruction on the SMs):
-  moved into a float's mantissa it is v = 1 + q * 2**-e, and one fma gives (q - zero) * scale *
-  2**-e exactly; x is multiplied by 2**e instead (``_dequant``): ~4 instructions per weight
-  with the accumulating fma, where the instruction issue rate, not HBM, would bound a kernel
-  spending 6 or more;
-- one row: products accumulated elementwise in fp32 and reduced once at the end (CUDA cores);
-  2..MAX_ROWS rows: the dequantized bf16 tile reshaped for ``tl.dot`` (``dot=True``) or the
-  rows multiplied on CUDA cores and reduced per tile (``dot=False``); the sweep picks.
+  moved into a float's mantissa it is v = 1 + q * 2**-e, and one fma with per-row constants
+  gives (q - zero) * scale exactly (``_nibble``, ``_scale_terms``): ~3.5 instructions per
+  weight with the accumulating fma, where the instruction issue rate, not HBM, would bound a
+  kernel spending 6 or more;
+- CUDA cores (``dot=False``, any rows): products accumulated elementwise in fp32 and reduced
+  across K once at the end; ``dot=True`` (2..MAX_ROWS rows): eight tensor-core products per
+  tile; the sweep picks.
 - the gated variant (gate_up followed by SiLU-and-mul) loads rows n and I + n together.
 
 ``TUNED`` is keyed (kind, rows bucket, N, K, group) and filled by scripts/gpu/quant_gemv_bench.py;
@@ -40,15 +40,19 @@ ENABLED = True
 MAX_ROWS = 8
 DOT_MIN_ROWS = 16       # tl.dot's smallest tile side for 16-bit operands
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# the bits of 1.0f, passed as an argument so it sits in a register: ptxas then merges the
+# nibble's and-mask and this or into one LOP3 (two immediates would take two)
+ONE_BITS = 0x3F800000
 
 # (kind, rows bucket, N, K, group) -> config (or None: kernels/wna16.py), from the H200.
 TUNED: dict[tuple[str, int, int, int, int], GemvConfig | None] = {}
 
 
 def default_config(m: int, n: int, k: int, group: int) -> GemvConfig:
-    """Untuned: 256 bytes of packed weights per row per step, split-K up to ~256 programs."""
-    block_k = 512
-    block_n = 8 if m == 1 else 16
+    """Untuned: one row on CUDA cores with tall, short tiles (each thread then holds fewer
+    words of more rows: fewest instructions per weight in sm_90 SASS), split-K up to ~256
+    programs; more rows on tensor cores."""
+    block_n, block_k = (32, 128) if m == 1 else (16, 256)
     tiles = triton.cdiv(n, block_n)
     split_k = 1
     while tiles * split_k < 256 and split_k < 8 and triton.cdiv(k, block_k) >= 4 * split_k:
@@ -65,67 +69,70 @@ def select_config(m: int, n: int, k: int, group: int, gated: bool = False) -> Ge
 
 
 @triton.jit
-def _dequant(q_ptrs, s_rows, z_rows, g, w_mask, HAS_ZEROS: tl.constexpr, ONE_GROUP: tl.constexpr):
-    """[BLOCK_N, BLOCK_K / 8, 8] fp32 weights (q - zero) * scale * 2**-e[j] from BLOCK_K / 8
-    packed words per row, exactly; the caller multiplies x by 2**e[j] (see ``_nibble_exponent``).
-
-    Nibble j is moved to bits 12..15 (even j) or 16..19 (odd j) of a float's mantissa under the
-    exponent of 1.0, making v = 1 + q * 2**-e with e = 11 or 7: one shift per two nibbles (the
-    word is shifted by 12, 4, -4 or -12) and one and-or per nibble, no int-to-float conversion.
-    Then fma(v, s, -(1 + z * 2**-e) * s) = (q - z) * s * 2**-e, exact for 16-bit scales: every
-    product has at most 12 + 11 significant bits, so nothing rounds (fp32 scales: ~1e-5)."""
-    j = tl.arange(0, 8)[None, None, :]
-    p = tl.load(q_ptrs, mask=w_mask[None, :], other=0)[:, :, None]
-    moved = tl.where(j < 2, p << 12, tl.where(j < 4, p << 4, tl.where(j < 6, p >> 4, p >> 12)))
-    bits = (moved & tl.where(j % 2 == 0, 0xF000, 0xF0000)) | 0x3F800000
-    v = bits.to(tl.float32, bitcast=True)
-    if ONE_GROUP:    # the whole tile lies in group g of each row
-        s = tl.load(s_rows + g).to(tl.float32)[:, None, None]
-        if HAS_ZEROS:
-            z = tl.load(z_rows + g).to(tl.float32)[:, None, None]
-    else:            # g: the group of each word
-        s = tl.load(s_rows[:, None] + g[None, :]).to(tl.float32)[:, :, None]
-        if HAS_ZEROS:
-            z = tl.load(z_rows[:, None] + g[None, :]).to(tl.float32)[:, :, None]
-    if not HAS_ZEROS:
-        z = 8.0
-    c = 1.0 + z * tl.where(j % 2 == 0, 1.0 / 2048.0, 1.0 / 128.0)
-    return tl.fma(v, s, -(c * s))
-
-
-@triton.jit
-def _nibble_exponent():
-    """2**e[j] for the 8 nibbles of a word (the scale ``_dequant`` leaves on the weights)."""
-    j = tl.arange(0, 8)[None, None, :]
-    return tl.where(j % 2 == 0, 2048.0, 128.0)
-
-
-@triton.jit
-def _accumulate(acc, w, x, USE_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr):
-    """acc += w x^T for w from ``_dequant`` (scaled by 2**-e) and the x tile as loaded."""
-    xs = x.to(tl.float32) * _nibble_exponent()      # exact: powers of two
-    if USE_DOT:
-        # rounding w * 2**-e to 16 bits is rounding w (a power-of-two scale commutes)
-        wt = tl.reshape(w.to(x.dtype), (BLOCK_N, BLOCK_K))
-        xt = tl.trans(tl.reshape(xs.to(x.dtype), (BLOCK_M, BLOCK_K)))
-        acc = tl.dot(wt, xt, acc, input_precision="ieee")
-    elif BLOCK_M == 1:
-        acc += w * xs                        # [BN, BW, 8] * [1, BW, 8]
+def _nibble(p, one_bits, J: tl.constexpr):
+    """Nibble J of each packed word as v = 1 + q * 2**-e (e = 11 for even J, 7 for odd): moved
+    into bits 12..15 or 16..19 of the mantissa of 1.0, so one shift serves two nibbles, one
+    and-or makes the float, and no int-to-float conversion (a slow instruction) is needed."""
+    if J < 2:
+        moved = p << 12
+    elif J < 4:
+        moved = p << 4
+    elif J < 6:
+        moved = p >> 4
     else:
-        prod = w[:, None, :, :] * xs[None, :, :, :]
-        acc += tl.sum(tl.sum(prod, axis=3), axis=2)
+        moved = p >> 12
+    mask: tl.constexpr = 0xF000 if J % 2 == 0 else 0xF0000
+    return ((moved & mask) | one_bits).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _scale_terms(s_ptrs, z_ptrs, HAS_ZEROS: tl.constexpr):
+    """(a_even, b_even, a_odd, b_odd) with fma(v, a, b) = (q - zero) * scale for the nibbles of
+    ``_nibble``: a = scale * 2**e, b = -(2**e + zero) * scale. Exact for 16-bit scales (at most
+    12 + 11 significant bits in any product), so the fma rounds nothing either."""
+    sc = tl.load(s_ptrs).to(tl.float32)
+    if HAS_ZEROS:
+        z = tl.load(z_ptrs).to(tl.float32)
+    else:
+        z = 8.0
+    return sc * 2048.0, -(2048.0 + z) * sc, sc * 128.0, -(128.0 + z) * sc
+
+
+@triton.jit
+def _tile_products(acc, p, s_ptrs, z_ptrs, x_ptrs, x_mask, one_bits, HAS_ZEROS: tl.constexpr,
+                   USE_DOT: tl.constexpr):
+    """acc += the products of one tile: p the packed words ([BN, 1, BW] on CUDA cores, [BN, BW]
+    for tl.dot), x_ptrs [BM, BW] the activations of nibble 0 of each word."""
+    a0, b0, a1, b1 = _scale_terms(s_ptrs, z_ptrs, HAS_ZEROS)
+    for j in tl.static_range(8):
+        v = _nibble(p, one_bits, j)
+        if j % 2 == 0:
+            w = tl.fma(v, tl.broadcast_to(a0, v.shape), tl.broadcast_to(b0, v.shape))
+        else:
+            w = tl.fma(v, tl.broadcast_to(a1, v.shape), tl.broadcast_to(b1, v.shape))
+        x = tl.load(x_ptrs + j, mask=x_mask, other=0.0)
+        if USE_DOT:
+            acc = tl.dot(w.to(x.dtype), tl.trans(x), acc, input_precision="ieee")
+        else:
+            acc += w * x.to(tl.float32)[None, :, :]      # [BN, 1, BW] * [1, BM, BW]
     return acc
 
 
 @triton.jit
 def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr,
-                       M, N, K, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr,
+                       M, N, K, words, groups, one_bits, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr,
                        HAS_BIAS: tl.constexpr, GATED: tl.constexpr, USE_DOT: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       SPLIT_K: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr):
+                       SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+                       PDL: tl.constexpr):
     """y[m, n] = sum_k x[m, k] dequant(w)[n, k]; program (i, s) owns BLOCK_N features and the
-    s-th of SPLIT_K runs of K chunks. GATED: 2N weight rows, y = silu(x @ w[:N]^T) * (x @ w[N:]^T)."""
+    s-th of SPLIT_K runs of K chunks. GATED: 2N weight rows and
+    y = silu(x @ w[:N]^T) * (x @ w[N:]^T).
+
+    Tiles are BLOCK_K / 8 packed words of each row; nibble j of word w meets x[:, 8w + j]. On
+    CUDA cores everything is 3-D, [BLOCK_N, BLOCK_M, BLOCK_K / 8], loaded in that shape so the
+    broadcasts need no layout conversion, and the K axis is reduced once after the loop; with
+    tl.dot, eight [BLOCK_N, BLOCK_K / 8] x [BLOCK_K / 8, BLOCK_M] products per tile."""
     BW: tl.constexpr = BLOCK_K // 8
     ONE_GROUP: tl.constexpr = GROUP % BLOCK_K == 0
     pid_n = tl.program_id(0)
@@ -134,46 +141,56 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
     rows = tl.minimum(offs_n, N - 1).to(tl.int64)   # rows past N re-read row N - 1, dropped
     offs_m = tl.arange(0, BLOCK_M)
     offs_w = tl.arange(0, BW)
-    words = K // 8
-    groups = K // GROUP
-    q_gate = qw_ptr + rows[:, None] * words + offs_w[None, :]
-    q_up = qw_ptr + (rows + N)[:, None] * words + offs_w[None, :]
-    s_gate = s_ptr + rows * groups
-    s_up = s_ptr + (rows + N) * groups
-    z_gate = z_ptr + rows * groups
-    z_up = z_ptr + (rows + N) * groups
-    # x[m, 8w + j] as a [BLOCK_M, BW, 8] tile, the weight tile's shape
-    x_tile = (x_ptr + offs_m[:, None, None] * K + (offs_w * 8)[None, :, None]
-              + tl.arange(0, 8)[None, None, :])
-    m_mask = offs_m[:, None, None] < M
+    # words (K / 8) and groups (K / GROUP) are arguments, not computed here, so Triton sees the
+    # packed row stride's divisibility by 16 and issues 16-byte weight loads
+    if USE_DOT:
+        r = rows[:, None]
+        wo = offs_w[None, :]
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        r = rows[:, None, None]
+        wo = offs_w[None, None, :]
+        acc = tl.zeros((BLOCK_N, BLOCK_M, BW), dtype=tl.float32)
+    acc_up = tl.zeros_like(acc)
+    q_gate = qw_ptr + r * words + wo
+    q_up = qw_ptr + (r + N) * words + wo
+    # x[m, 8w] as [BLOCK_M, BW] in both paths: loaded once per thread and word, whatever the
+    # number of rows a thread holds (broadcast as [None, :, :] on CUDA cores)
+    x_base = x_ptr + offs_m[:, None] * K + (offs_w * 8)[None, :]
+    m_mask = offs_m[:, None] < M
 
     chunks_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
     k_start = pid_k * chunks_per_split * BLOCK_K
     k_end = tl.minimum(k_start + chunks_per_split * BLOCK_K, K)
     wait_for_previous_grid(PDL)
-    if USE_DOT or BLOCK_M > 1:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_N, BW, 8), dtype=tl.float32)
-    acc_up = tl.zeros_like(acc)
     for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
-        w_mask = offs_w < words - k // 8
-        x = tl.load(x_tile + k, mask=m_mask & w_mask[None, :, None], other=0.0)
-        if ONE_GROUP:
-            g = k // GROUP
-        else:    # masked words past K would name a group past the last: clamp (x is 0 there)
-            g = tl.minimum((k + offs_w * 8) // GROUP, groups - 1)
-        w = _dequant(q_gate + k // 8, s_gate, z_gate, g, w_mask, HAS_ZEROS, ONE_GROUP)
-        acc = _accumulate(acc, w, x, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
+        w_mask = wo < words - k // 8
+        if ONE_GROUP:    # the tile lies in one group of each row: one scale per row
+            g = r * groups + k // GROUP
+        else:            # masked words past K would name a group past the last: clamp
+            g = r * groups + tl.minimum((k + wo * 8) // GROUP, groups - 1)
+        if EVEN_K:       # no masks on the weights: 16-byte loads
+            x_mask = m_mask
+            p = tl.load(q_gate + k // 8)
+        else:
+            x_mask = m_mask & (offs_w < words - k // 8)[None, :]
+            p = tl.load(q_gate + k // 8, mask=w_mask, other=0)
+        acc = _tile_products(acc, p, s_ptr + g, z_ptr + g, x_base + k, x_mask, one_bits,
+                             HAS_ZEROS, USE_DOT)
         if GATED:
-            w2 = _dequant(q_up + k // 8, s_up, z_up, g, w_mask, HAS_ZEROS, ONE_GROUP)
-            acc_up = _accumulate(acc_up, w2, x, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
-    if USE_DOT or BLOCK_M > 1:
+            if EVEN_K:
+                p2 = tl.load(q_up + k // 8)
+            else:
+                p2 = tl.load(q_up + k // 8, mask=w_mask, other=0)
+            g2 = g + N * groups
+            acc_up = _tile_products(acc_up, p2, s_ptr + g2, z_ptr + g2, x_base + k, x_mask,
+                                    one_bits, HAS_ZEROS, USE_DOT)
+    if USE_DOT:
         out = acc
         out_up = acc_up
-    else:   # one row: one cross-K reduction for the whole loop
-        out = tl.sum(tl.sum(acc, axis=2), axis=1, keep_dims=True)
-        out_up = tl.sum(tl.sum(acc_up, axis=2), axis=1, keep_dims=True)
+    else:   # one cross-K reduction for the whole loop
+        out = tl.sum(acc, axis=2)
+        out_up = tl.sum(acc_up, axis=2)
     finish_split_k(y_ptr, bias_ptr, partial_ptr, count_ptr, out, out_up, rows, offs_m, offs_n,
                    pid_n, pid_k, M, N, HAS_BIAS, GATED, SPLIT_K)
 
@@ -206,6 +223,7 @@ def _launch(x, qweight, scales, zeros, group, bias, n, gated, config):
     assert 1 <= m <= MAX_ROWS, f"{m} rows: the GEMV handles 1..{MAX_ROWS}"
     cfg = config or select_config(m, n, k, group, gated)
     assert cfg.block_k % 8 == 0 and cfg.block_k >= 16
+    assert not cfg.dot or (cfg.block_k >= 128 and cfg.block_n >= 16), "tl.dot tiles are >= 16"
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     tiles = triton.cdiv(n, cfg.block_n)
     if cfg.split_k > 1:
@@ -216,10 +234,11 @@ def _launch(x, qweight, scales, zeros, group, bias, n, gated, config):
         else triton.next_power_of_2(m)
     _w4a16_gemv_kernel[(tiles, cfg.split_k)](
         x2, qweight, scales, zeros if zeros is not None else scales,
-        bias if bias is not None else scales, y, partials, counts, m, n, k,
+        bias if bias is not None else scales, y, partials, counts, m, n, k, k // 8, k // group, ONE_BITS,
         GROUP=group, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, GATED=gated,
         USE_DOT=cfg.dot, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        SPLIT_K=cfg.split_k, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+        SPLIT_K=cfg.split_k, EVEN_K=k % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
+        num_warps=cfg.num_warps,
         **pdl.launch_options(x.device))
     return y.view(*x.shape[:-1], n)
 

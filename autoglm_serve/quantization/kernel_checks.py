@@ -106,9 +106,9 @@ def fp8_cases(device, dtype):
             continue
         gated = kind == "gated"
         n_small = min(n, 2 * cfg.block_n + 3)
-        cases.append((f"tuned {kind} {m}x{n}x{k}", torch.randn(m, k, generator=gen).to(device, dtype),
-                      random_fp8(2 * n_small if gated else n_small, k, device, gen), None, gated,
-                      cfg))
+        x = torch.randn(m, k, generator=gen).to(device, dtype)
+        weight = random_fp8(2 * n_small if gated else n_small, k, device, gen)
+        cases.append((f"tuned {kind} {m}x{n}x{k}", x, weight, None, gated, cfg))
     return cases
 
 

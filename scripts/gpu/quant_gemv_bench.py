@@ -120,22 +120,26 @@ def splits_for(tiles: int, chunks: int) -> list[int]:
     return [s for s in (1, 2, 4, 8) if 128 <= tiles * s <= 1024 and chunks >= 2 * s]
 
 
-def fits(cfg, m: int, shape: Shape) -> bool:
-    """fp32 values live per thread (accumulators and, multi-row on CUDA cores, the product
-    tile) within ~64 registers, else spills."""
+def fits(cfg, m: int, shape: Shape, kind: str) -> bool:
+    """The fp32 accumulators a thread holds on CUDA cores (W4A16: one per packed word and row;
+    FP8: one per weight and row) within ~64 registers, else spills."""
     if cfg.dot:
         return True
-    live = cfg.block_n * cfg.block_k * (m if m > 1 else 1) * (2 if shape.gated else 1)
+    per_row = cfg.block_k // 8 if kind == "w4" else cfg.block_k
+    live = cfg.block_n * per_row * m * (2 if shape.gated else 1)
     return live <= 64 * 32 * cfg.num_warps
 
 
 def grid(kind: str, m: int, shape: Shape, smoke: bool):
     from autoglm_serve.kernels.gemv import GemvConfig
     if smoke:
-        tiles = [(8, 64, m > 1)]
+        tiles = [(16, 128, m > 1)]
     elif m == 1:     # CUDA cores; one tensor-core tile too
-        tiles = [(bn, bk, False) for bn in ((4, 8, 16) if kind == "w4" else (8, 16))
-                 for bk in (512, 1024)] + [(16, 256, True)]
+        if kind == "w4":
+            tiles = [(bn, bk, False) for bn in (8, 16, 32) for bk in (128, 256, 512)]
+        else:
+            tiles = [(bn, bk, False) for bn in (8, 16) for bk in (512, 1024)]
+        tiles += [(16, 256, True)]
     else:
         tiles = [(bn, bk, True) for bn in (16, 64) for bk in (128, 256)]
         if kind == "w4":
@@ -146,19 +150,19 @@ def grid(kind: str, m: int, shape: Shape, smoke: bool):
         for split in ([1, 2] if smoke else splits_for(math.ceil(shape.n / bn), chunks)):
             for warps in (4, 8):
                 cfg = GemvConfig(bn, bk, split, num_warps=warps, num_stages=3, dot=dot)
-                if fits(cfg, m, shape):
+                if fits(cfg, m, shape, kind):
                     out.append(cfg)
                     break       # the fewest warps that fit; stage 2 tries more
     return out
 
 
-def refine(best: list, m: int, shape: Shape) -> list:
+def refine(best: list, m: int, shape: Shape, kind: str) -> list:
     out = []
     for cfg in best:
         for warps in (4, 8):
             for stages in (2, 4):
                 c = cfg._replace(num_warps=warps, num_stages=stages)
-                if c not in out and fits(c, m, shape):
+                if c not in out and fits(c, m, shape, kind):
                     out.append(c)
     return out
 
@@ -207,7 +211,8 @@ class Bench:
         f8_bytes = sum(t.numel() * t.element_size() for t in f8)
         f8s = [f8] + [tuple(t.clone() for t in f8) for _ in range(self.copies(f8_bytes) - 1)]
         w16 = [(fp8_reference_weight(f8)).to(DTYPE) for _ in range(self.copies(bf16_bytes))]
-        bias = torch.randn(shape.n, generator=gen, device=dev).to(dev, DTYPE) if shape.bias else None
+        bias = (torch.randn(shape.n, generator=gen, device=dev).to(DTYPE) if shape.bias
+                else None)
         silu = SiluAndMul()
 
         def post(y):
@@ -243,7 +248,7 @@ class Bench:
                 return w4a16_gemv.w4a16_gemv(x, w[0], w[1], w[2], group, bias, cfg)
             default = w4a16_gemv.default_config(m, shape.n, shape.k, group)
             timed = self.sweep_kernel(
-                [default] + grid("w4", m, shape, args.smoke),
+                "w4", [default] + grid("w4", m, shape, args.smoke),
                 lambda cfg: [lambda w=w: w4_call(cfg, w) for w in w4s],
                 lambda cfg: rel_err(w4_call(cfg, w4), w4_ref), w4_bytes / 2.5e12, m, shape,
                 f"w4a16 {shape.name} M={m}")
@@ -257,7 +262,7 @@ class Bench:
                 return fp8_gemv.fp8_gemv(x, w[0], w[1], bias, cfg)
             default = fp8_gemv.default_config(m, shape.n, shape.k)
             timed = self.sweep_kernel(
-                [default] + grid("fp8", m, shape, args.smoke),
+                "fp8", [default] + grid("fp8", m, shape, args.smoke),
                 lambda cfg: [lambda w=w: f8_call(cfg, w) for w in f8s],
                 lambda cfg: rel_err(f8_call(cfg, f8), f8_ref), f8_bytes / 3e12, m, shape,
                 f"fp8 {shape.name} M={m}")
@@ -269,7 +274,7 @@ class Bench:
             torch.cuda.empty_cache()
         return records
 
-    def sweep_kernel(self, configs, run, check, est, m, shape, label):
+    def sweep_kernel(self, kind, configs, run, check, est, m, shape, label):
         """Stage 1 over tile shapes and split-K; stage 2 over warps x stages for the best two."""
         timed: dict = {}
         start = self.start_sweep()
@@ -277,7 +282,7 @@ class Bench:
         stage2_from = start + 0.75 * (self.deadline - start)
         if timed and not self.args.smoke and self.elapsed() < stage2_from:
             best = sorted(timed, key=timed.get)[:1]
-            self._measure(refine(best, m, shape), run, check, est, label, timed, 2)
+            self._measure(refine(best, m, shape, kind), run, check, est, label, timed, 2)
         return timed
 
     def _measure(self, configs, run, check, est, label, timed, stage):
