@@ -120,7 +120,8 @@ def _tile_products(acc, p, s_ptrs, z_ptrs, x_ptrs, x_mask, one_bits, HAS_ZEROS: 
 
 @triton.jit
 def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr,
-                       M, N, K, words, groups, one_bits, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr,
+                       M, N, K, words, groups, one_bits, GROUP: tl.constexpr,
+                       HAS_ZEROS: tl.constexpr,
                        HAS_BIAS: tl.constexpr, GATED: tl.constexpr, USE_DOT: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr,
@@ -234,7 +235,8 @@ def _launch(x, qweight, scales, zeros, group, bias, n, gated, config):
         else triton.next_power_of_2(m)
     _w4a16_gemv_kernel[(tiles, cfg.split_k)](
         x2, qweight, scales, zeros if zeros is not None else scales,
-        bias if bias is not None else scales, y, partials, counts, m, n, k, k // 8, k // group, ONE_BITS,
+        bias if bias is not None else scales, y, partials, counts, m, n, k, k // 8, k // group,
+        ONE_BITS,
         GROUP=group, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, GATED=gated,
         USE_DOT=cfg.dot, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         SPLIT_K=cfg.split_k, EVEN_K=k % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
