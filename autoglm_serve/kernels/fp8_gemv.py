@@ -11,8 +11,9 @@ workspaces):
   sits in L2), so the per-token scale needs no other kernel;
 - in the K loop the activation tile is quantized the same way (x * (1 / scale), saturated,
   rounded to e4m3) and the weight tile converted in registers; the products of two e4m3
-  values are exact in fp32 (one row, CUDA cores) and in a bf16 ``tl.dot`` (e4m3 values are exact in bf16), so
-  the sum is the W8A8 product ``_scaled_mm`` computes, up to fp32 summation order;
+  values are exact in fp32 (one row, CUDA cores) and in a bf16 ``tl.dot`` (e4m3 values are
+  exact in bf16), so the sum is the W8A8 product ``_scaled_mm`` computes, up to fp32
+  summation order;
 - the fp32 result is scaled by x_scale * w_scale[n] before the split-K reduction (linear, so the
   partials may be scaled each), then bias or SiLU gating as in the bf16 GEMV.
 
