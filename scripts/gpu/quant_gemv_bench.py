@@ -136,7 +136,8 @@ def grid(kind: str, m: int, shape: Shape, smoke: bool):
         tiles = [(16, 128, m > 1)]
     elif m == 1:     # CUDA cores; one tensor-core tile too
         if kind == "w4":
-            tiles = [(bn, bk, False) for bn in (8, 16, 32) for bk in (128, 256, 512)]
+            tiles = [(bn, bk, False) for bn in (16, 32, 64) for bk in (128, 256, 512)]
+            tiles += [(64, 64, False), (128, 64, False)]
         else:
             tiles = [(bn, bk, False) for bn in (8, 16) for bk in (512, 1024)]
         tiles += [(16, 256, True)]
