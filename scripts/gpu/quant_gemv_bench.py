@@ -139,14 +139,14 @@ def grid(kind: str, m: int, shape: Shape, smoke: bool):
             tiles = [(bn, bk, False) for bn in (16, 32, 64) for bk in (128, 256, 512)]
             tiles += [(64, 64, False), (128, 64, False)]
         else:
-            tiles = [(bn, bk, False) for bn in (8, 16) for bk in (512, 1024)]
+            tiles = [(bn, bk, False) for bn in (8, 16) for bk in (512, 1024)] + [(32, 256, False)]
         tiles += [(16, 256, True)]
     else:
         if kind == "w4":   # the CUDA-core path costs ~6 instructions per weight and row
             tiles = [(32, 128, True), (64, 128, True), (128, 128, True), (64, 256, True),
                      (8, 128, False)]
         else:
-            tiles = [(bn, bk, True) for bn in (16, 64) for bk in (128, 256)]
+            tiles = [(bn, bk, True) for bn in (64, 128) for bk in (128, 256)]
     out = []
     for bn, bk, dot in tiles:
         chunks = math.ceil(shape.k / bk)
