@@ -196,6 +196,17 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr, M, N, K,
         out = tl.sum(acc, axis=1, keep_dims=True)
         out_up = tl.sum(acc_up, axis=1, keep_dims=True)
 
+    finish_split_k(y_ptr, bias_ptr, partial_ptr, count_ptr, out, out_up, rows, offs_m, offs_n,
+                   pid_n, pid_k, M, N, HAS_BIAS, GATED, SPLIT_K)
+
+
+@triton.jit
+def finish_split_k(y_ptr, bias_ptr, partial_ptr, count_ptr, out, out_up, rows, offs_m, offs_n,
+                   pid_n, pid_k, M, N, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+                   SPLIT_K: tl.constexpr):
+    """Writes a program's [BLOCK_N, BLOCK_M] fp32 result (+ bias, or the SiLU gating): directly
+    without split-K, else as a partial; the last of a tile's SPLIT_K programs sums the partials
+    in split order (deterministic) and writes. Shared by the quantized GEMVs."""
     y_offs = offs_m[None, :] * N + offs_n[:, None]
     y_mask = (offs_n[:, None] < N) & (offs_m[None, :] < M)
     if SPLIT_K == 1:
@@ -228,7 +239,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr, M, N, K,
 _workspaces: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _workspace(device, n: int, tiles: int, split_k: int, gated: bool):
+def workspace(device, n: int, tiles: int, split_k: int, gated: bool):
     key = (device, n, tiles, split_k, gated)
     if key not in _workspaces:
         partials = torch.empty(split_k * (2 if gated else 1) * MAX_ROWS * n, dtype=torch.float32,
@@ -269,7 +280,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, n:
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     tiles = triton.cdiv(n, cfg.block_n)
     if cfg.split_k > 1:
-        partials, counts = _workspace(x.device, n, tiles, cfg.split_k, gated)
+        partials, counts = workspace(x.device, n, tiles, cfg.split_k, gated)
     else:
         partials, counts = y, y   # unused
     _gemv_kernel[(tiles, cfg.split_k)](

@@ -6,13 +6,16 @@ CI exercises the same numerics).
 From a compressed-tensors float-quantized checkpoint the e4m3 weight and its scale load as they
 are; with ``quantize_at_load`` (``--quantization fp8`` on a 16-bit checkpoint) the layer loads
 the 16-bit weight and quantizes it once all of it is there. Each step is a fixed sequence of
-kernels on fixed shapes (amax, divide, cast, scaled GEMM): no host syncs, CUDA-graph safe.
+kernels on fixed shapes (amax, divide, cast, scaled GEMM; on CUDA one Triton kernel for the
+quantization, kernels/fp8_quant.py, and for a few rows the FP8 decode GEMV, kernels/fp8_gemv.py):
+no host syncs, CUDA-graph safe.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from autoglm_serve.kernels import fused_kernels_on
 from autoglm_serve.models.layers.linear import LinearMethod
 
 FP8 = torch.float8_e4m3fn
@@ -32,12 +35,28 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
                bias: torch.Tensor | None) -> torch.Tensor:
     """x [..., K] (16/32-bit), weight e4m3 [N, K], weight_scale float32 [N] -> [..., N]."""
     shape = x.shape
-    xq, x_scale = quantize_rows(x.reshape(-1, shape[-1]))
+    gemv = _decode_gemv(x, weight, bias, gated=False)
+    if gemv is not None:      # a few rows: the FP8 decode GEMV, quantizing x inside
+        return gemv.fp8_gemv(x, weight, weight_scale, bias)
+    x2 = x.reshape(-1, shape[-1])
+    if fused_kernels_on(x):   # one kernel for the per-token quantization
+        from autoglm_serve.kernels import fp8_quant
+        xq, x_scale = fp8_quant.quantize_rows(x2)
+    else:
+        xq, x_scale = quantize_rows(x2)
     out = torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=weight_scale.view(1, -1),
                            out_dtype=x.dtype)
     if bias is not None:
         out = out + bias
     return out.reshape(*shape[:-1], weight.shape[0])
+
+
+def _decode_gemv(x, weight, bias, gated):
+    """kernels/fp8_gemv.py where it takes this call (CUDA, fused kernels on, a few rows)."""
+    if not fused_kernels_on(x):
+        return None
+    from autoglm_serve.kernels import fp8_gemv
+    return fp8_gemv if fp8_gemv.supports(x, weight, bias, gated) else None
 
 
 class Fp8LinearMethod(LinearMethod):
@@ -67,3 +86,11 @@ class Fp8LinearMethod(LinearMethod):
 
     def apply(self, layer, x, bias):
         return fp8_linear(x, layer.weight, layer.weight_scale, bias)
+
+    def apply_gated_silu(self, layer, x):
+        if layer.bias is not None:
+            return None
+        gemv = _decode_gemv(x, layer.weight, None, gated=True)
+        if gemv is None:
+            return None
+        return gemv.fp8_gated_gemv(x, layer.weight, layer.weight_scale)

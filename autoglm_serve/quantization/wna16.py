@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from autoglm_serve.kernels import fused_kernels_on
 from autoglm_serve.models.layers.linear import LinearMethod
 from autoglm_serve.quantization.config import WeightScheme
 from autoglm_serve.quantization.packing import pack_factor, pack_last_dim, unpack_last_dim
@@ -85,12 +86,36 @@ class WNA16LinearMethod(LinearMethod):
             x = x.index_select(-1, layer.perm)
         zeros = getattr(layer, "zeros", None)
         if x.is_cuda:
+            bits, group = self.scheme.bits, layer.group_size
+            gemv = _decode_gemv(x, layer, bits, bias, gated=False)
+            if gemv is not None:     # a few rows: the W4A16 decode GEMV
+                return gemv.w4a16_gemv(x, layer.qweight, layer.scales, zeros, group, bias)
             from autoglm_serve.kernels.wna16 import wna16_linear
-            return wna16_linear(x, layer.qweight, layer.scales, zeros, self.scheme.bits,
-                                layer.group_size, bias)
+            return wna16_linear(x, layer.qweight, layer.scales, zeros, bits, group, bias)
         # CPU: dequantize, then the dense matmul (tests and CI run quantized models this way)
         w = dequantize(layer.qweight, layer.scales, zeros, self.scheme.bits, x.dtype)
         return F.linear(x, w, bias)
+
+    def apply_gated_silu(self, layer, x):
+        if layer.bias is not None or not x.is_cuda:
+            return None
+        if layer.perm is not None:
+            x = x.index_select(-1, layer.perm)
+        gemv = _decode_gemv(x, layer, self.scheme.bits, None, gated=True)
+        if gemv is None:
+            return None
+        return gemv.w4a16_gated_gemv(x, layer.qweight, layer.scales, getattr(layer, "zeros", None),
+                                     layer.group_size)
+
+
+def _decode_gemv(x, layer, bits, bias, gated):
+    """kernels/w4a16_gemv.py where it takes this call (CUDA, fused kernels on, a few rows)."""
+    if not fused_kernels_on(x):
+        return None
+    from autoglm_serve.kernels import w4a16_gemv
+    if w4a16_gemv.supports(x, layer.qweight, layer.scales, bits, layer.group_size, bias, gated):
+        return w4a16_gemv
+    return None
 
 
 def _load_g_idx(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:

@@ -134,6 +134,8 @@ class EngineCore:
             compile_watch.watch(False)
             check_fused_ops(self.device, self.loaded.dtype)
             gemv.self_check(self.device, self.loaded.dtype)   # before capture: it compiles
+            from autoglm_serve.quantization.kernel_checks import check_decode_kernels
+            check_decode_kernels(self.loaded.model, self.device, self.loaded.dtype)
             self.runner.check_backend()
             capture = self.runner.wants_cuda_graphs(config)
             if self.workers is not None:

@@ -85,6 +85,8 @@ class Worker:
             from autoglm_serve.kernels import gemv
             check_fused_ops(self.device, loaded.dtype)
             gemv.self_check(self.device, loaded.dtype)
+            from autoglm_serve.quantization.kernel_checks import check_decode_kernels
+            check_decode_kernels(loaded.model, self.device, loaded.dtype)
             runner.check_backend()
             if agree_min(self.groups, int(runner.wants_cuda_graphs(config))):
                 runner.capture_cuda_graphs()

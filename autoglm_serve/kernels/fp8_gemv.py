@@ -1,0 +1,189 @@
+"""Decode GEMV for FP8 W8A8: e4m3 weights with one fp32 scale per output channel, activations
+quantized per token inside the kernel, for 1..MAX_ROWS rows (more rows: quantization/fp8.py's
+``torch._scaled_mm``, whose numerics this kernel keeps).
+
+At M = 1 the ``_scaled_mm`` path is 4 torch ops for the activation's scale and cast plus a GEMM
+tuned for large M: slower than the bf16 GEMV despite half the bytes. Here, as kernels/gemv.py
+(same GemvConfig, split-K with the deterministic last-program reduction, PDL, graph-safe
+workspaces):
+
+- each program first computes the amax of its activation rows over all of K (x is a few KB and
+  sits in L2), so the per-token scale needs no other kernel;
+- in the K loop the activation tile is quantized the same way (x * (1 / scale), saturated,
+  rounded to e4m3) and the weight tile converted in registers; the products of two e4m3
+  values are exact in fp32 (one row, CUDA cores) and in a bf16 ``tl.dot`` (e4m3 values are
+  exact in bf16), so the sum is the W8A8 product ``_scaled_mm`` computes, up to fp32
+  summation order;
+- the fp32 result is scaled by x_scale * w_scale[n] before the split-K reduction (linear, so the
+  partials may be scaled each), then bias or SiLU gating as in the bf16 GEMV.
+
+``TUNED`` is keyed (kind, rows bucket, N, K), filled by scripts/gpu/quant_gemv_bench.py; None
+there means ``_scaled_mm`` was faster. quantization/kernel_checks.py compares the kernel against
+the W8A8 reference at start-up and sets ``ENABLED = False`` on a problem.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from autoglm_serve.kernels import pdl
+from autoglm_serve.kernels.gemv import GemvConfig, finish_split_k, rows_bucket, workspace
+from autoglm_serve.kernels.pdl import wait_for_previous_grid
+
+ENABLED = True
+MAX_ROWS = 8
+DOT_MIN_ROWS = 16
+DTYPES = (torch.bfloat16, torch.float16)
+FP8_MAX = tl.constexpr(448.0)       # constexpr: a global the kernels read
+MIN_SCALE = tl.constexpr(1e-12)     # as quantization/fp8.py
+
+# (kind, rows bucket, N, K) -> config (or None: _scaled_mm), from the H200.
+TUNED: dict[tuple[str, int, int, int], GemvConfig | None] = {}
+
+
+def default_config(m: int, n: int, k: int) -> GemvConfig:
+    """Untuned: split-K up to ~256 programs; one row on CUDA cores in 16 x 512 tiles (3.8
+    instructions per weight in the sm_90 SASS, 8 x 512: 4.9), more rows in 128 x 128
+    tensor-core tiles (4.2; 16 x 512 takes 17.5)."""
+    block_n, block_k = (16, 512) if m == 1 else (128, 128)
+    tiles = triton.cdiv(n, block_n)
+    split_k = 1
+    while tiles * split_k < 256 and split_k < 8 and triton.cdiv(k, block_k) >= 4 * split_k:
+        split_k *= 2
+    return GemvConfig(block_n, block_k, split_k, num_warps=4, num_stages=3, dot=m > 1)
+
+
+def _tuned_key(m, n, k, gated):
+    return ("gated" if gated else "linear", rows_bucket(m), n, k)
+
+
+def select_config(m: int, n: int, k: int, gated: bool = False) -> GemvConfig:
+    return TUNED.get(_tuned_key(m, n, k, gated)) or default_config(m, n, k)
+
+
+@triton.jit
+def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr, M, N, K,
+                     HAS_BIAS: tl.constexpr, GATED: tl.constexpr, USE_DOT: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+                     PDL: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.minimum(offs_n, N - 1).to(tl.int64)   # rows past N re-read row N - 1, dropped
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    w_gate = w_ptr + rows[:, None] * K + offs_k[None, :]
+    w_up = w_ptr + (rows + N)[:, None] * K + offs_k[None, :]
+    x_tile = x_ptr + offs_m[:, None] * K + offs_k[None, :]
+    m_mask = offs_m[:, None] < M
+
+    wait_for_previous_grid(PDL)
+    # per-token scale over the whole row, as quantization/fp8.quantize_rows
+    amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        xa = tl.load(x_tile + k, mask=m_mask & (offs_k[None, :] < K - k), other=0.0)
+        amax = tl.maximum(amax, tl.max(tl.abs(xa.to(tl.float32)), axis=1))
+    x_scale = tl.maximum(tl.div_rn(amax, FP8_MAX), MIN_SCALE)
+    # a multiply per activation, not a division: x * (1 / s) may differ from x / s by an ulp,
+    # which moves an e4m3 rounding only at a tie boundary (rare, one ulp of one element)
+    x_inv = tl.div_rn(tl.full(x_scale.shape, 1.0, tl.float32), x_scale)
+
+    chunks_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
+    k_start = pid_k * chunks_per_split * BLOCK_K
+    k_end = tl.minimum(k_start + chunks_per_split * BLOCK_K, K)
+    if USE_DOT:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_up = tl.zeros_like(acc)
+    for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
+        if EVEN_K:
+            x = tl.load(x_tile + k, mask=m_mask, other=0.0)
+            w = tl.load(w_gate + k)
+            if GATED:
+                w2 = tl.load(w_up + k)
+        else:
+            k_mask = offs_k[None, :] < K - k
+            x = tl.load(x_tile + k, mask=m_mask & k_mask, other=0.0)
+            w = tl.load(w_gate + k, mask=k_mask, other=0.0)
+            if GATED:
+                w2 = tl.load(w_up + k, mask=k_mask, other=0.0)
+        xq = tl.clamp(x.to(tl.float32) * x_inv[:, None], -FP8_MAX, FP8_MAX)
+        xq = xq.to(tl.float8e4nv).to(tl.float32)
+        if USE_DOT:
+            xt = tl.trans(xq.to(tl.bfloat16))
+            acc = tl.dot(w.to(tl.bfloat16), xt, acc)
+            if GATED:
+                acc_up = tl.dot(w2.to(tl.bfloat16), xt, acc_up)
+        else:
+            acc += w.to(tl.float32) * xq
+            if GATED:
+                acc_up += w2.to(tl.float32) * xq
+    if USE_DOT:
+        out = acc
+        out_up = acc_up
+    else:   # one row: one cross-K reduction for the whole loop
+        out = tl.sum(acc, axis=1, keep_dims=True)
+        out_up = tl.sum(acc_up, axis=1, keep_dims=True)
+    out = out * x_scale[None, :] * tl.load(ws_ptr + rows)[:, None]
+    if GATED:
+        out_up = out_up * x_scale[None, :] * tl.load(ws_ptr + rows + N)[:, None]
+    finish_split_k(y_ptr, bias_ptr, partial_ptr, count_ptr, out, out_up, rows, offs_m, offs_n,
+                   pid_n, pid_k, M, N, HAS_BIAS, GATED, SPLIT_K)
+
+
+def supports(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+             gated: bool = False) -> bool:
+    """Whether the GEMV handles this call and is not slower than ``_scaled_mm`` where
+    measured."""
+    if not ENABLED or not x.is_cuda or x.dtype not in DTYPES or not weight.is_contiguous():
+        return False
+    n, k = weight.shape
+    if k == 0 or x.shape[-1] != k:
+        return False
+    m = x.numel() // k
+    if not 1 <= m <= MAX_ROWS:
+        return False
+    if gated and (n % 2 or bias is not None):
+        return False
+    key = _tuned_key(m, n // 2 if gated else n, k, gated)
+    return key not in TUNED or TUNED[key] is not None
+
+
+def _launch(x, weight, weight_scale, bias, n, gated, config):
+    k = weight.shape[1]
+    x2 = x.reshape(-1, k).contiguous()
+    m = x2.shape[0]
+    assert 1 <= m <= MAX_ROWS, f"{m} rows: the GEMV handles 1..{MAX_ROWS}"
+    cfg = config or select_config(m, n, k, gated)
+    assert cfg.dot or m == 1, "the CUDA-core path computes one row; more need dot=True"
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    tiles = triton.cdiv(n, cfg.block_n)
+    if cfg.split_k > 1:
+        partials, counts = workspace(x.device, n, tiles, cfg.split_k, gated)
+    else:
+        partials, counts = y, y   # unused
+    _fp8_gemv_kernel[(tiles, cfg.split_k)](
+        x2, weight, weight_scale, bias if bias is not None else weight_scale, y, partials,
+        counts, m, n, k, HAS_BIAS=bias is not None, GATED=gated, USE_DOT=cfg.dot,
+        BLOCK_M=max(DOT_MIN_ROWS, triton.next_power_of_2(m)) if cfg.dot else 1,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
+        EVEN_K=k % cfg.block_k == 0, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+        **pdl.launch_options(x.device))
+    return y.view(*x.shape[:-1], n)
+
+
+def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+             bias: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
+    """x [..., K] 16-bit (<= MAX_ROWS rows), weight e4m3 [N, K], weight_scale fp32 [N]
+    -> [..., N] in x's dtype."""
+    return _launch(x, weight, weight_scale, bias, weight.shape[0], False, config)
+
+
+def fp8_gated_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                   config: GemvConfig | None = None) -> torch.Tensor:
+    """silu(x @ gate^T) * (x @ up^T) for an e4m3 [gate; up] weight of 2I rows -> [..., I]."""
+    assert weight.shape[0] % 2 == 0
+    return _launch(x, weight, weight_scale, None, weight.shape[0] // 2, True, config)

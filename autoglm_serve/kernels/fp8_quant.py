@@ -1,0 +1,56 @@
+"""Per-token FP8 activation quantization in one kernel, for the ``torch._scaled_mm`` path
+(more rows than the FP8 GEMV takes): x [M, K] -> (e4m3 [M, K], fp32 scale [M, 1]) with
+scale = max(row amax / 448, 1e-12) and q = saturate(x / scale), as quantization/fp8.quantize_rows,
+whose four torch ops (abs-amax, divide, clamp, cast) each read or write the whole activation.
+
+One program per row: a pass for the amax, then a pass that writes the quantized row (the second
+read of the row comes from L2). No host syncs, fixed shapes: CUDA-graph safe.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from autoglm_serve.kernels import pdl
+from autoglm_serve.kernels.pdl import wait_for_previous_grid
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = tl.constexpr(448.0)       # constexpr: a global the kernels read
+MIN_SCALE = tl.constexpr(1e-12)
+
+
+@triton.jit
+def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, BLOCK_K: tl.constexpr,
+                          PDL: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_K)
+    x_row = x_ptr + row * stride_x
+    wait_for_previous_grid(PDL)
+    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        x = tl.load(x_row + k + offs, mask=offs < K - k, other=0.0)
+        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+    # IEEE divisions (Triton's / is approximate): bit for bit the torch ops
+    scale = tl.maximum(tl.div_rn(tl.max(amax, axis=0), FP8_MAX), MIN_SCALE)
+    tl.store(s_ptr + row, scale)
+    for k in range(0, K, BLOCK_K):
+        mask = offs < K - k
+        x = tl.load(x_row + k + offs, mask=mask, other=0.0)
+        q = tl.clamp(tl.div_rn(x.to(tl.float32), scale), -FP8_MAX, FP8_MAX)
+        tl.store(q_ptr + row * K + k + offs, q.to(tl.float8e4nv), mask=mask)
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[M, K] 16/32-bit -> (e4m3 [M, K], float32 scale [M, 1])."""
+    m, k = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    q = torch.empty(m, k, dtype=FP8, device=x.device)
+    scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
+    if m:
+        block_k = min(2048, triton.next_power_of_2(k))
+        _quantize_rows_kernel[(m,)](x, q, scale, k, x.stride(0), BLOCK_K=block_k,
+                                    num_warps=4 if block_k >= 1024 else 1,
+                                    **pdl.launch_options(x.device))
+    return q, scale

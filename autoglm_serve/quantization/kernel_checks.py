@@ -1,0 +1,170 @@
+"""Start-up self-check of the quantized decode GEMVs (kernels/w4a16_gemv.py, kernels/fp8_gemv.py)
+against the dequantize-then-matmul references, on every path once and every tuned config at its
+own rows and K. It lives above the kernels (they must not import quantization back) and runs
+only for the kernels the loaded model uses, before CUDA-graph capture (it compiles).
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from autoglm_serve.kernels import fp8_gemv, w4a16_gemv
+from autoglm_serve.kernels.gemv import GemvConfig
+from autoglm_serve.models.layers.linear import LinearBase
+from autoglm_serve.quantization.fp8 import Fp8LinearMethod, quantize_rows
+from autoglm_serve.quantization.packing import pack_last_dim
+from autoglm_serve.quantization.wna16 import WNA16LinearMethod, dequantize
+
+logger = logging.getLogger(__name__)
+
+
+def w4a16_reference(x, qweight, scales, zeros, group, bias=None, gated=False):
+    """Dequantize-then-matmul with fp32 products; gated: gate and up rounded to x's dtype, then
+    silu(gate) rounded, times up (the unfused path's rounding points)."""
+    w = dequantize(qweight, scales, zeros, 4, torch.float32)
+    out = F.linear(x.float(), w, None if bias is None else bias.float())
+    return _gate(out, x.dtype) if gated else out
+
+
+def fp8_reference(x, weight, weight_scale, bias=None, gated=False):
+    """The W8A8 product of the dequantized operands, activations quantized per token."""
+    xq, xs = quantize_rows(x.reshape(-1, x.shape[-1]))
+    out = (xq.float() * xs) @ (weight.float() * weight_scale.view(-1, 1)).t()
+    if bias is not None:
+        out = out + bias.float()
+    out = _gate(out, x.dtype) if gated else out
+    return out.view(*x.shape[:-1], -1)
+
+
+def _gate(out, dtype):
+    gate, up = out.to(dtype).chunk(2, dim=-1)
+    return F.silu(gate.float()).to(dtype).float() * up.float()
+
+
+def random_w4(n, k, group, zeros, dtype, device, gen):
+    """(qweight, scales, zeros) in our packed layout, with scales of a plausible size; drawn
+    on ``gen``'s device."""
+    on = gen.device
+    q = torch.randint(0, 16, (n, k), generator=gen, device=on)
+    s = (torch.rand(n, k // group, generator=gen, device=on) * 0.02 + 0.001).to(dtype)
+    z = (torch.randint(0, 16, (n, k // group), generator=gen, dtype=torch.uint8, device=on)
+         if zeros else None)
+    return pack_last_dim(q, 4).to(device), s.to(device), None if z is None else z.to(device)
+
+
+def random_fp8(n, k, device, gen):
+    q, s = quantize_rows(torch.randn(n, k, generator=gen, device=gen.device) * k ** -0.5)
+    return q.to(device), s.view(-1).to(device)
+
+
+def w4a16_cases(device, dtype):
+    """(name, x, (qweight, scales, zeros), group, bias, gated, config)."""
+    gen = torch.Generator().manual_seed(0)
+    cases = []
+    for m in (1, 3):
+        x = torch.randn(m, 1024, generator=gen).to(device, dtype)
+        split = GemvConfig(16, 256, 2, dot=m > 1)
+        for group, zeros in ((128, True), (32, False)):
+            bias = torch.randn(100, generator=gen).to(device, dtype)
+            cases += [(f"{m} rows, group {group}", x,
+                       random_w4(100, 1024, group, zeros, dtype, device, gen), group, bias, False,
+                       None),
+                      (f"{m} rows, group {group}, gated split-K", x,
+                       random_w4(144, 1024, group, zeros, dtype, device, gen), group, None, True,
+                       split)]
+    for (kind, m, n, k, group), cfg in w4a16_gemv.TUNED.items():
+        if cfg is None:
+            continue
+        gated = kind == "gated"
+        n_small = min(n, 2 * cfg.block_n + 3)    # a partial tile too
+        cases.append((f"tuned {kind} {m}x{n}x{k}/{group}",
+                      torch.randn(m, k, generator=gen).to(device, dtype),
+                      random_w4(2 * n_small if gated else n_small, k, group, True, dtype, device,
+                                gen), group, None, gated, cfg))
+    return cases
+
+
+def fp8_cases(device, dtype):
+    """(name, x, (weight, weight_scale), bias, gated, config)."""
+    gen = torch.Generator().manual_seed(0)
+    cases = []
+    for m in (1, 3):
+        x = torch.randn(m, 1024, generator=gen).to(device, dtype)
+        split = GemvConfig(16, 256, 2, dot=m > 1)
+        cases += [(f"{m} rows, bias", x, random_fp8(100, 1024, device, gen),
+                   torch.randn(100, generator=gen).to(device, dtype), False, None),
+                  (f"{m} rows, K not a multiple of the tile",
+                   torch.randn(m, 1000, generator=gen).to(device, dtype),
+                   random_fp8(100, 1000, device, gen), None, False, None),
+                  (f"{m} rows, gated split-K", x, random_fp8(144, 1024, device, gen), None, True,
+                   split)]
+    for (kind, m, n, k), cfg in fp8_gemv.TUNED.items():
+        if cfg is None:
+            continue
+        gated = kind == "gated"
+        n_small = min(n, 2 * cfg.block_n + 3)
+        x = torch.randn(m, k, generator=gen).to(device, dtype)
+        weight = random_fp8(2 * n_small if gated else n_small, k, device, gen)
+        cases.append((f"tuned {kind} {m}x{n}x{k}", x, weight, None, gated, cfg))
+    return cases
+
+
+def _rel_err(got, want) -> float:
+    want = want.float()
+    return ((got.float() - want).norm() / want.norm().clamp_min(1e-6)).item()
+
+
+def check_w4a16_gemv(device: torch.device, dtype: torch.dtype) -> bool:
+    """Sets ``w4a16_gemv.ENABLED = False`` (kernels/wna16.py then runs) on a compile or launch
+    failure or a disagreement; returns ``ENABLED``."""
+    if dtype not in w4a16_gemv.DTYPES:
+        return w4a16_gemv.ENABLED
+    try:
+        for name, x, (qw, s, z), group, bias, gated, cfg in w4a16_cases(device, dtype):
+            got = (w4a16_gemv.w4a16_gated_gemv(x, qw, s, z, group, cfg) if gated
+                   else w4a16_gemv.w4a16_gemv(x, qw, s, z, group, bias, cfg))
+            err = _rel_err(got, w4a16_reference(x, qw, s, z, group, bias, gated))
+            if not err < 2e-2:
+                logger.warning("W4A16 GEMV disagrees with dequantize-then-matmul (%s: relative "
+                               "error %.3g): using the GEMM kernel", name, err)
+                w4a16_gemv.ENABLED = False
+                break
+    except Exception as exc:
+        logger.warning("W4A16 GEMV disabled: %r", exc)
+        w4a16_gemv.ENABLED = False
+    return w4a16_gemv.ENABLED
+
+
+def check_fp8_gemv(device: torch.device, dtype: torch.dtype) -> bool:
+    """Sets ``fp8_gemv.ENABLED = False`` (``_scaled_mm`` then runs) on a failure or a
+    disagreement; returns ``ENABLED``."""
+    if dtype not in fp8_gemv.DTYPES:
+        return fp8_gemv.ENABLED
+    try:
+        for name, x, (w, ws), bias, gated, cfg in fp8_cases(device, dtype):
+            got = (fp8_gemv.fp8_gated_gemv(x, w, ws, cfg) if gated
+                   else fp8_gemv.fp8_gemv(x, w, ws, bias, cfg))
+            err = _rel_err(got, fp8_reference(x, w, ws, bias, gated))
+            if not err < 2e-2:
+                logger.warning("FP8 GEMV disagrees with the W8A8 reference (%s: relative error "
+                               "%.3g): using _scaled_mm", name, err)
+                fp8_gemv.ENABLED = False
+                break
+    except Exception as exc:
+        logger.warning("FP8 GEMV disabled: %r", exc)
+        fp8_gemv.ENABLED = False
+    return fp8_gemv.ENABLED
+
+
+def check_decode_kernels(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Checks the quantized GEMVs that ``model``'s linear layers would run."""
+    methods = [m.linear_method for m in model.modules() if isinstance(m, LinearBase)]
+    if any(isinstance(m, WNA16LinearMethod) and m.scheme.bits == 4 for m in methods):
+        check_w4a16_gemv(device, dtype)
+    if any(isinstance(m, Fp8LinearMethod) for m in methods):
+        check_fp8_gemv(device, dtype)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,165 @@
+"""The quantized decode GEMVs (kernels/w4a16_gemv.py, kernels/fp8_gemv.py) and the fused FP8
+activation quantization (kernels/fp8_quant.py) against dequantize-then-matmul: on CPU in the
+Triton interpreter at small shapes spanning partial tiles, partial K chunks, every group size,
+zeros or not, bias, gating, split-K and both multi-row paths; on CUDA the start-up check and the
+layers' dispatch."""
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+from autoglm_serve.kernels import fp8_gemv, fp8_quant, w4a16_gemv  # noqa: E402
+from autoglm_serve.kernels.gemv import GemvConfig as Config  # noqa: E402
+from autoglm_serve.quantization import fp8, kernel_checks  # noqa: E402
+from autoglm_serve.quantization.kernel_checks import (  # noqa: E402
+    fp8_reference, random_fp8, random_w4, w4a16_reference)
+from triton_interpreter_fixes import fix_interpreter  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and not triton.knobs.runtime.interpret:
+    pytest.skip("no GPU and triton not in interpreter mode", allow_module_level=True)
+
+
+@pytest.fixture(autouse=True)
+def interpreter_fixes(monkeypatch):
+    if DEVICE == "cpu":
+        fix_interpreter(monkeypatch)
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def gen():
+    return torch.Generator().manual_seed(0)
+
+
+# K = 320: BLOCK_K 64 / 128 / 256 leave a partial last chunk; N = 37 a partial tile. Group 32
+# and 64 against BLOCK_K 128 put several groups in a tile, group 128 against BLOCK_K 64 several
+# tiles in a group.
+W4_CONFIGS = {1: [Config(16, 64, 1), Config(8, 256, 2, dot=False)],
+              3: [Config(16, 128, 3, dot=True), Config(8, 64, 2, dot=False)],
+              8: [Config(16, 128, 1, dot=True), Config(4, 64, 2, dot=False)]}
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("zeros", [False, True])
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_w4a16_gemv_matches_dequantized_matmul(group, zeros, m):
+    """fp32 activations, bf16 scales: the dequantized weights are exact, so only the fp32
+    summation order differs from the reference."""
+    k = 320 if group != 128 else 384       # K a multiple of the group
+    g = gen()
+    qw, s, z = random_w4(37, k, group, zeros, torch.bfloat16, DEVICE, g)
+    x = torch.randn(m, k, generator=g).to(DEVICE)
+    bias = torch.randn(37, generator=g).to(DEVICE)
+    for cfg in W4_CONFIGS[m]:
+        out = w4a16_gemv.w4a16_gemv(x, qw, s, z, group, bias if zeros else None, cfg)
+        assert out.shape == (m, 37) and out.dtype == torch.float32
+        assert rel(out, w4a16_reference(x, qw, s, z, group, bias if zeros else None)) < 1e-5, cfg
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_w4a16_gated_gemv_matches_two_step_path(m):
+    g = gen()
+    qw, s, z = random_w4(2 * 21, 256, 64, True, torch.bfloat16, DEVICE, g)
+    x = torch.randn(m, 256, generator=g).to(DEVICE, torch.bfloat16)
+    for cfg in (None, Config(16, 128, 2, dot=m > 1), Config(8, 64, 2)):
+        out = w4a16_gemv.w4a16_gated_gemv(x, qw, s, z, 64, cfg)
+        assert out.shape == (m, 21) and out.dtype == torch.bfloat16
+        assert rel(out, w4a16_reference(x, qw, s, z, 64, gated=True)) < 1e-2
+
+
+def test_w4a16_gemv_with_fp32_scales():
+    """Scales of 24 significant bits make the in-register dequantization round (~1e-5)."""
+    g = gen()
+    qw, s, z = random_w4(37, 256, 64, True, torch.float32, DEVICE, g)
+    x = torch.randn(2, 256, generator=g).to(DEVICE)
+    out = w4a16_gemv.w4a16_gemv(x, qw, s, z, 64, None, Config(16, 128, 2, dot=False))
+    assert rel(out, w4a16_reference(x, qw, s, z, 64)) < 1e-4
+
+
+def test_w4a16_default_config_in_bf16_at_a_model_shape_slice():
+    """The default config (BLOCK_K 512, split-K) on a K of AutoGLM's down projection."""
+    g = gen()
+    qw, s, z = random_w4(20, 13696, 128, True, torch.bfloat16, DEVICE, g)
+    x = torch.randn(1, 13696, generator=g).to(DEVICE, torch.bfloat16)
+    out = w4a16_gemv.w4a16_gemv(x, qw, s, z, 128)
+    assert rel(out, w4a16_reference(x, qw, s, z, 128)) < 1e-2
+
+
+FP8_CONFIGS = {1: [Config(16, 64, 1), Config(8, 128, 3)],
+               3: [Config(16, 64, 2, dot=True)],
+               8: [Config(32, 128, 1, dot=True)]}
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_fp8_gemv_keeps_w8a8_numerics(bias, m):
+    """Per-token activation quantization inside the kernel: the same e4m3 products as
+    _scaled_mm's, so only the fp32 summation order differs."""
+    g = gen()
+    w, ws = random_fp8(37, 200, DEVICE, g)
+    x = (torch.randn(m, 200, generator=g) * torch.logspace(-2, 1, m)[:, None]).to(DEVICE,
+                                                                                torch.bfloat16)
+    b = torch.randn(37, generator=g).to(DEVICE, torch.bfloat16) if bias else None
+    want = fp8_reference(x, w, ws, b)
+    for cfg in FP8_CONFIGS[m]:
+        out = fp8_gemv.fp8_gemv(x, w, ws, b, cfg)
+        assert out.shape == (m, 37) and out.dtype == torch.bfloat16
+        assert rel(out, want) < 5e-3, cfg
+    # and the layer path the GEMV replaces (torch's _scaled_mm on CPU) agrees as closely
+    assert rel(fp8.fp8_linear(x, w, ws, b), want) < 5e-3
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_fp8_gated_gemv_matches_two_step_path(m):
+    g = gen()
+    w, ws = random_fp8(2 * 24, 256, DEVICE, g)
+    x = torch.randn(m, 256, generator=g).to(DEVICE, torch.bfloat16)
+    out = fp8_gemv.fp8_gated_gemv(x, w, ws, Config(16, 64, 2, dot=m > 1))
+    assert out.shape == (m, 24)
+    assert rel(out, fp8_reference(x, w, ws, gated=True)) < 1e-2
+
+
+def test_fused_activation_quantization_is_bitwise_the_torch_ops():
+    g = gen()
+    x = (torch.randn(5, 1000, generator=g) * torch.logspace(-3, 2, 5)[:, None]).to(
+        DEVICE, torch.bfloat16)
+    x[2] = 0                           # an all-zero row: the minimum scale
+    q, s = fp8_quant.quantize_rows(x)
+    q_ref, s_ref = fp8.quantize_rows(x)
+    assert torch.equal(s, s_ref)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_start_up_checks_pass(dtype):
+    """Every path the start-up check covers agrees (in the interpreter on CPU)."""
+    try:
+        assert kernel_checks.check_w4a16_gemv(torch.device(DEVICE), dtype)
+        assert kernel_checks.check_fp8_gemv(torch.device(DEVICE), dtype)
+    finally:
+        w4a16_gemv.ENABLED = fp8_gemv.ENABLED = True
+
+
+def test_start_up_check_switches_a_wrong_kernel_off(monkeypatch):
+    monkeypatch.setattr(w4a16_gemv, "w4a16_gemv", lambda x, qw, s, z, g, b=None, c=None:
+                        torch.zeros(x.shape[0], qw.shape[0], dtype=x.dtype, device=x.device))
+    try:
+        assert not kernel_checks.check_w4a16_gemv(torch.device(DEVICE), torch.bfloat16)
+        assert not w4a16_gemv.ENABLED
+    finally:
+        w4a16_gemv.ENABLED = True
+
+
+@pytest.mark.gpu
+def test_layers_take_the_gemvs_for_a_few_rows_only():
+    x1 = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    x32 = torch.randn(32, 4096, device="cuda", dtype=torch.bfloat16)
+    qw, s, _ = random_w4(4608, 4096, 128, False, torch.bfloat16, "cuda", gen())
+    assert w4a16_gemv.supports(x1, qw, s, 4, 128)
+    assert not w4a16_gemv.supports(x32, qw, s, 4, 128)
+    w, ws = random_fp8(4608, 4096, "cuda", gen())
+    assert fp8_gemv.supports(x1, w) and not fp8_gemv.supports(x32, w)
+    assert rel(fp8.fp8_linear(x32, w, ws, None), fp8_reference(x32, w, ws)) < 1e-2
+    assert rel(fp8.fp8_linear(x1, w, ws, None), fp8_reference(x1, w, ws)) < 1e-2

@@ -1,0 +1,29 @@
+"""The quantized GEMVs' default configs compiled for sm_90 on CPU (scripts/quant_gemv_sass.py):
+no spills, and few instructions per weight in the K loop, since at decode the instruction issue
+rate, not HBM, bounds a kernel that spends many (~6 per weight is about the H200's HBM rate for
+int4). A subprocess: the compiler, not the interpreter the other tests run."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_default_configs_compile_lean_for_sm90():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "scripts/quant_gemv_sass.py", "w4", "1,64,128,2,0,0",
+                        "w4", "16,64,128,2,1,1", "fp8", "1,16,512,1,0,0"], cwd=ROOT, env={
+                            **env, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    assert len(lines) == 3, r.stdout
+    for line, most in zip(lines, (7.0, 7.0, 4.5)):
+        assert " 0 bytes local" in line, line             # no spills
+        per_weight = float(re.search(r"= ([\d.]+) per weight", line).group(1))
+        assert 0 < per_weight < most, line
