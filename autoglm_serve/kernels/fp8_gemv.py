@@ -39,7 +39,25 @@ FP8_MAX = tl.constexpr(448.0)       # constexpr: a global the kernels read
 MIN_SCALE = tl.constexpr(1e-12)     # as quantization/fp8.py
 
 # (kind, rows bucket, N, K) -> config (or None: _scaled_mm), from the H200.
-TUNED: dict[tuple[str, int, int, int], GemvConfig | None] = {}
+# (scripts/gpu/quant_gemv_bench.py, 2026-12-01; comments: this config, the fallback)
+TUNED: dict[tuple[str, int, int, int], GemvConfig | None] = {
+    ('gated', 1, 13696, 4096): GemvConfig(8, 512, 1, 4, 3, False),  # 40.4 us, _scaled_mm 46.5
+    ('gated', 2, 13696, 4096): None,  # 65.6 us, _scaled_mm 47.8
+    ('gated', 4, 13696, 4096): None,  # 66.1 us, _scaled_mm 47.1
+    ('gated', 8, 13696, 4096): None,  # 66.0 us, _scaled_mm 47.2
+    ('linear', 1, 4096, 13696): GemvConfig(8, 1024, 1, 4, 3, False),  # 21.8 us, _scaled_mm 45.1
+    ('linear', 2, 4096, 13696): None,  # 49.0 us, _scaled_mm 45.6
+    ('linear', 4, 4096, 13696): None,  # 49.3 us, _scaled_mm 45.4
+    ('linear', 8, 4096, 13696): None,  # 51.1 us, _scaled_mm 45.0
+    ('linear', 1, 4608, 4096): GemvConfig(8, 512, 1, 4, 3, False),  # 10.3 us, _scaled_mm 17.2
+    ('linear', 2, 4608, 4096): None,  # 20.1 us, _scaled_mm 18.3
+    ('linear', 4, 4608, 4096): None,  # 20.9 us, _scaled_mm 18.6
+    ('linear', 8, 4608, 4096): None,  # 21.0 us, _scaled_mm 18.4
+    ('linear', 1, 4096, 4096): GemvConfig(8, 1024, 1, 4, 3, False),  # 8.2 us, _scaled_mm 15.7
+    ('linear', 2, 4096, 4096): None,  # 16.8 us, _scaled_mm 15.7
+    ('linear', 4, 4096, 4096): None,  # 17.0 us, _scaled_mm 15.7
+    ('linear', 8, 4096, 4096): None,  # 17.1 us, _scaled_mm 15.7
+}
 
 
 def default_config(m: int, n: int, k: int) -> GemvConfig:

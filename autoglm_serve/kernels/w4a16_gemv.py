@@ -45,7 +45,25 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 ONE_BITS = 0x3F800000
 
 # (kind, rows bucket, N, K, group) -> config (or None: kernels/wna16.py), from the H200.
-TUNED: dict[tuple[str, int, int, int, int], GemvConfig | None] = {}
+# (scripts/gpu/quant_gemv_bench.py, 2026-12-01; comments: this config, the fallback)
+TUNED: dict[tuple[str, int, int, int, int], GemvConfig | None] = {
+    ('gated', 1, 13696, 4096, 128): GemvConfig(32, 128, 2, 4, 3, False),  # 38.1 us, wna16 228.4
+    ('gated', 2, 13696, 4096, 128): GemvConfig(64, 128, 2, 4, 3, True),  # 75.4 us, wna16 217.9
+    ('gated', 4, 13696, 4096, 128): GemvConfig(64, 128, 2, 4, 3, True),  # 79.5 us, wna16 217.7
+    ('gated', 8, 13696, 4096, 128): GemvConfig(64, 128, 4, 4, 3, True),  # 87.7 us, wna16 217.7
+    ('linear', 1, 4096, 13696, 128): GemvConfig(16, 128, 4, 4, 3, False),  # 28.9 us, wna16 114.1
+    ('linear', 2, 4096, 13696, 128): GemvConfig(64, 128, 8, 4, 3, True),  # 37.3 us, wna16 110.9
+    ('linear', 4, 4096, 13696, 128): GemvConfig(64, 128, 8, 4, 3, True),  # 40.3 us, wna16 110.9
+    ('linear', 8, 4096, 13696, 128): GemvConfig(64, 128, 8, 4, 3, True),  # 47.8 us, wna16 110.8
+    ('linear', 1, 4608, 4096, 128): GemvConfig(32, 128, 4, 4, 3, False),  # 11.1 us, wna16 59.8
+    ('linear', 2, 4608, 4096, 128): GemvConfig(64, 128, 8, 4, 3, True),  # 15.6 us, wna16 57.6
+    ('linear', 4, 4608, 4096, 128): GemvConfig(64, 128, 8, 4, 3, True),  # 16.9 us, wna16 57.7
+    ('linear', 8, 4608, 4096, 128): GemvConfig(64, 128, 8, 4, 2, True),  # 19.3 us, wna16 57.6
+    ('linear', 1, 4096, 4096, 128): GemvConfig(64, 128, 4, 4, 3, False),  # 10.8 us, wna16 35.8
+    ('linear', 2, 4096, 4096, 128): GemvConfig(64, 128, 4, 4, 3, True),  # 17.4 us, wna16 36.1
+    ('linear', 4, 4096, 4096, 128): GemvConfig(64, 128, 8, 4, 3, True),  # 14.2 us, wna16 36.1
+    ('linear', 8, 4096, 4096, 128): GemvConfig(64, 128, 8, 4, 3, True),  # 16.4 us, wna16 36.1
+}
 
 
 def default_config(m: int, n: int, k: int, group: int) -> GemvConfig:
