@@ -112,46 +112,20 @@ def test_prefill_without_prefix(backend, dtype):
 
 def test_long_prefills_without_prefix_take_sdpa(backend, monkeypatch):
     """Long prompts with nothing cached go through SDPA on K/V gathered from the cache (next
-    to a decode); with the paged kernel chosen for cached contexts, a long chunk after a cached
-    prefix or a short chunk in the step keeps the paged kernel, launched for it alone."""
+    to a decode); a cached prefix or a short prompt in the step keeps the paged kernel."""
     from autoglm_serve.models.layers import triton_attention
     b = make_batch([37], [(0, 1030), (0, 1100)], num_heads=4, num_kv_heads=2, head_dim=16,
                    block_size=16, dtype=torch.float32, device="cpu")
-    assert triton_attention._prefill_plan(b.meta, False) == [(1, 1, 1031, 1030),
-                                                             (2, 1031, 2131, 1100)]
+    assert triton_attention._dense_prefills(b.meta) == [(1, 1, 1031), (2, 1031, 2131)]
 
     def paged_kernel_called(*args, **kwargs):
         raise AssertionError("the paged prefill kernel ran")
     monkeypatch.setattr(triton_attention, "prefill_attention", paged_kernel_called)
     check_backend(backend, b)
-    other = make_batch([], [(0, 1030), (16, 1100)], num_heads=4, num_kv_heads=2, head_dim=16,
-                       block_size=16, dtype=torch.float32, device="cpu")
-    assert triton_attention._prefill_plan(other.meta, False) == [(0, 0, 1030, 1030),
-                                                                 (1, 1030, 2130, None)]
-    short = make_batch([], [(16, 1100), (0, 50)], num_heads=4, num_kv_heads=2, head_dim=16,
-                       block_size=16, dtype=torch.float32, device="cpu")
-    assert triton_attention._prefill_plan(short.meta, False) is None
-
-
-def test_long_chunks_after_a_cached_context_take_sdpa(backend, monkeypatch):
-    """With SDPA chosen for cached contexts (the self-check's choice on a GPU where it is the
-    faster), a long chunk after a cached prefix attends causally from the lower right through
-    SDPA and a short one in the same step through the paged kernel: both equal the reference."""
-    from autoglm_serve.models.layers import triton_attention
-    b = make_batch([37], [(517, 1030), (40, 9)], num_heads=4, num_kv_heads=2, head_dim=16,
-                   block_size=16, dtype=torch.float32, device="cpu")
-    assert triton_attention._prefill_plan(b.meta, True) == [(1, 1, 1031, 1547),
-                                                            (2, 1031, 1040, None)]
-    paged = triton_attention.prefill_attention
-    calls = []
-
-    def counted(*args, **kwargs):
-        calls.append(kwargs["seq_offset"])
-        return paged(*args, **kwargs)
-    monkeypatch.setattr(triton_attention, "prefill_attention", counted)
-    monkeypatch.setattr(backend, "context_prefill", "sdpa")
-    check_backend(backend, b)
-    assert calls == [2]
+    for prefills in ([(0, 1030), (16, 1100)], [(0, 1030), (0, 50)]):
+        other = make_batch([], prefills, num_heads=4, num_kv_heads=2, head_dim=16, block_size=16,
+                           dtype=torch.float32, device="cpu")
+        assert triton_attention._dense_prefills(other.meta) is None
 
 
 @pytest.mark.parametrize("block_size", [16, 64])

@@ -6,14 +6,10 @@ attention over the rest. Nothing reads a device tensor on the host, and the deco
 depend only on the batch shape (never on context lengths, the split-K grid included), so
 pure-decode steps can be captured once and replayed.
 
-One exception to the paged prefill kernel: a few long prompt chunks go to PyTorch's SDPA on
-their K/V gathered from the cache. With nothing cached before them (a screenshot's first
-prefill) that is cuDNN's causal kernel: 267 us over 4k tokens on an H200 against 449 us for our
-paged kernel, worth the gather (2 x 2 MB) and the handful of launches. With a cached context
-(the phone-agent workload's chunks: ~2k new tokens after ~2-5k of history, where the paged
-kernel took ~30% of the GPU's time) the mask is causal from the lower right, which SDPA runs
-through its flash or memory-efficient kernel; the self-check times that against the paged
-kernel at start-up and keeps the faster (``context_prefill``).
+One exception to the paged prefill kernel: a few long prompts with nothing cached before them
+(a phone screenshot's first prefill) go to PyTorch's SDPA on their K/V gathered from the cache.
+Its cuDNN kernel ran causal GQA attention over 4k tokens in 267 us on an H200 against 449 us
+for our paged kernel, worth the gather (2 x 2 MB) and the handful of launches.
 """
 from __future__ import annotations
 
@@ -21,7 +17,6 @@ import logging
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from autoglm_serve.kernels import fused_ops_enabled
 from autoglm_serve.kernels.kv_write import rotate_and_write_kv_cache, write_kv_cache
@@ -55,8 +50,6 @@ class TritonAttentionBackend(AttentionBackend):
         self._merge_counters: dict[torch.device, torch.Tensor] = {}
         # Outgrown counter buffers: CUDA graphs captured with them still use them.
         self._outgrown: list[torch.Tensor] = []
-        # long chunks after a cached context: "sdpa" or "paged" (chosen by self_check)
-        self.context_prefill = "paged"
 
     def decode_split(self, num_decodes: int, num_kv_heads: int,
                      device: torch.device) -> DecodeSplit:
@@ -102,50 +95,7 @@ class TritonAttentionBackend(AttentionBackend):
         except Exception as exc:  # a compile or launch failure
             logger.warning("Triton attention failed its self-check: %r", exc)
             return False
-        self.context_prefill = self._faster_context_prefill(device, dtype, num_heads,
-                                                            num_kv_heads, head_dim)
         return True
-
-    def _faster_context_prefill(self, device, dtype, num_heads, num_kv_heads, head_dim) -> str:
-        """SDPA or the paged kernel for long chunks after a cached context: SDPA if it agrees
-        with the PyTorch backend and is faster at a phone-agent chunk (2,048 new tokens after
-        4,096 cached), timed on the device. The paged kernel on CPU (Triton's interpreter)."""
-        if device.type != "cuda":
-            return "paged"
-        from autoglm_serve.models.layers.torch_attention import TorchAttentionBackend
-        scale = head_dim ** -0.5
-        try:
-            self.context_prefill = "sdpa"
-            q, k, v, cache, meta = _random_prefill(1024, 700, num_heads, num_kv_heads,
-                                                   head_dim, dtype, device)
-            ref = TorchAttentionBackend().forward(q, k, v, cache.clone(), meta, scale)
-            out = self.forward(q, k, v, cache.clone(), meta, scale)
-            err = (out.float() - ref.float()).norm() / ref.float().norm()
-            if not err < 2e-2:
-                logger.warning("SDPA with a cached context disagrees with PyTorch (relative "
-                               "error %.2e): long chunks stay on the paged kernel", err)
-                return "paged"
-            q, k, v, cache, meta = _random_prefill(2048, 4096, num_heads, num_kv_heads,
-                                                   head_dim, dtype, device)
-            ms = {}
-            for mode in ("paged", "sdpa"):
-                self.context_prefill = mode
-                self.forward(q, k, v, cache, meta, scale)
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(5):
-                    self.forward(q, k, v, cache, meta, scale)
-                end.record()
-                end.synchronize()
-                ms[mode] = start.elapsed_time(end) / 5
-        except Exception as exc:  # no flash or memory-efficient kernel for these shapes
-            logger.warning("SDPA with a cached context failed (%r): long chunks stay on the "
-                           "paged kernel", exc)
-            return "paged"
-        choice = min(ms, key=ms.get)
-        logger.info("prompt chunks after a cached context: %s (paged kernel %.3f ms, SDPA %.3f "
-                    "ms for 2,048 tokens after 4,096)", choice, ms["paged"], ms["sdpa"])
-        return choice
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, scale: float, out: torch.Tensor | None = None,
@@ -168,75 +118,36 @@ class TritonAttentionBackend(AttentionBackend):
                              self.decode_split(nd, num_kv_heads, q.device),
                              self.merge_counters(nd * num_kv_heads, q.device))
         if meta.num_seqs > nd:
-            plan = _prefill_plan(meta, self.context_prefill == "sdpa")
-            if plan is None:
+            dense = _dense_prefills(meta)
+            if dense is None:
                 prefill_attention(out, q, kv_cache, meta.block_tables, meta.seq_lens,
                                   meta.query_start_loc, scale, seq_offset=nd,
                                   num_seqs=meta.num_seqs - nd, max_query_len=meta.max_query_len)
-            for seq, start, end, seq_len in plan or ():
-                if seq_len is None:     # a short chunk of a step with long ones: paged alone
-                    prefill_attention(out, q, kv_cache, meta.block_tables, meta.seq_lens,
-                                      meta.query_start_loc, scale, seq_offset=seq, num_seqs=1,
-                                      max_query_len=end - start)
-                    continue
-                keys, values = gather_kv(kv_cache, meta.block_tables[seq], seq_len)
+            for seq, start, end in dense or ():
+                keys, values = gather_kv(kv_cache, meta.block_tables[seq], end - start)
                 heads = [t.to(q.dtype).transpose(0, 1).unsqueeze(0)
                          for t in (q[start:end], keys, values)]
-                if seq_len == end - start:
-                    attended = F.scaled_dot_product_attention(*heads, is_causal=True, scale=scale,
-                                                              enable_gqa=True)
-                else:
-                    attended = F.scaled_dot_product_attention(
-                        *heads, attn_mask=causal_lower_right(end - start, seq_len), scale=scale,
-                        enable_gqa=True)
-                out[start:end] = attended[0].transpose(0, 1)
+                out[start:end] = F.scaled_dot_product_attention(
+                    *heads, is_causal=True, scale=scale, enable_gqa=True)[0].transpose(0, 1)
         return out
 
 
-def _prefill_plan(meta: AttentionMetadata, with_context: bool
-                  ) -> list[tuple[int, int, int, int | None]] | None:
-    """(sequence, first row, end row, its context + chunk length, or None for the paged kernel)
-    of every prefill of the step, when a few of them are long enough for SDPA: those starting
-    from an empty cache, and with ``with_context`` those after a cached prefix too. None: the
-    paged kernel takes them all in one launch."""
+def _dense_prefills(meta: AttentionMetadata) -> list[tuple[int, int, int]] | None:
+    """(sequence, first row, end row) of every prefill of the step when all of them qualify
+    for SDPA: few, long, and starting from an empty cache (so the causal mask is SDPA's own)."""
     first = meta.num_decodes
     if (meta.num_seqs - first > DENSE_PREFILL_MAX_SEQS
             or meta.max_query_len < DENSE_PREFILL_MIN_TOKENS):
         return None
     starts = meta.query_start_loc_cpu.tolist()
     seq_lens = meta.seq_lens_cpu.tolist()
-    plan, dense = [], False
+    rows = []
     for seq in range(first, meta.num_seqs):
         start, end = starts[seq], starts[seq + 1]
-        long = end - start >= DENSE_PREFILL_MIN_TOKENS
-        if long and (with_context or seq_lens[seq] == end - start):
-            plan.append((seq, start, end, seq_lens[seq]))
-            dense = True
-        else:
-            plan.append((seq, start, end, None))
-    return plan if dense else None
-
-
-def _random_prefill(query_len: int, context: int, num_heads: int, num_kv_heads: int,
-                    head_dim: int, dtype: torch.dtype, device: torch.device,
-                    block_size: int = 16):
-    """One prompt chunk of query_len tokens after ``context`` cached ones, random K/V."""
-    seq_len = context + query_len
-    num_blocks = -(-seq_len // block_size)
-    tables = torch.arange(num_blocks, dtype=torch.int32).view(1, num_blocks)
-    starts = torch.tensor([0, query_len], dtype=torch.int32)
-    lens = torch.tensor([seq_len], dtype=torch.int32)
-    slots = torch.arange(context, seq_len, dtype=torch.int64)
-    meta = AttentionMetadata(
-        num_seqs=1, num_decodes=0, num_tokens=query_len, max_query_len=query_len,
-        max_seq_len=seq_len, query_start_loc=starts.to(device), seq_lens=lens.to(device),
-        block_tables=tables.to(device), slot_mapping=slots.to(device),
-        query_start_loc_cpu=starts, seq_lens_cpu=lens)
-    cache = torch.randn(2, num_blocks, num_kv_heads, block_size, head_dim, device=device,
-                        dtype=dtype)
-    q = torch.randn(query_len, num_heads, head_dim, device=device, dtype=dtype)
-    k, v = torch.randn(2, query_len, num_kv_heads, head_dim, device=device, dtype=dtype)
-    return q, k, v, cache, meta
+        if end - start < DENSE_PREFILL_MIN_TOKENS or seq_lens[seq] != end - start:
+            return None
+        rows.append((seq, start, end))
+    return rows
 
 
 def _random_decodes(seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int,
