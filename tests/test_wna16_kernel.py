@@ -77,6 +77,36 @@ def test_default_configs_keep_k_tiles_inside_groups():
             assert group % bk == 0 or bk % group == 0
 
 
+@pytest.mark.parametrize("group", [32, 128])
+@pytest.mark.parametrize("bits,zeros", [(4, False), (4, True), (8, True)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_prefill_dequantization_equals_the_reference(group, bits, zeros, dtype):
+    """The weight that prefill hands to cuBLAS (kernels/wna16_dequant.py) is the reference
+    dequantization bit for bit, over partial tiles (N = 40, K = 384)."""
+    from autoglm_serve.kernels import wna16_dequant
+    qw, s, z = random_quantized(40, 384, bits, group, zeros, dtype)
+    got = wna16_dequant.dequantize(qw, s, z, bits, group, dtype)
+    assert torch.equal(got, dequantize(qw, s, z, bits, dtype))
+
+
+def test_prefill_dequantization_shares_one_growing_buffer():
+    """Layers share the scratch buffer: a smaller layer after a larger one reads its own
+    values, and a larger one grows the buffer."""
+    from autoglm_serve.kernels import wna16_dequant
+    small, large = random_quantized(16, 128, 4, 32, True, torch.bfloat16, seed=1), \
+        random_quantized(48, 256, 4, 32, True, torch.bfloat16, seed=2)
+    wna16_dequant._scratch.clear()
+    big = wna16_dequant.dequantize(*large, 4, 32, torch.bfloat16)
+    assert torch.equal(big, dequantize(*large, 4, torch.bfloat16))
+    little = wna16_dequant.dequantize(*small, 4, 32, torch.bfloat16)
+    assert little.data_ptr() == big.data_ptr()
+    assert torch.equal(little, dequantize(*small, 4, torch.bfloat16))
+    wna16_dequant._scratch.clear()
+    wna16_dequant.dequantize(*small, 4, 32, torch.bfloat16)
+    grown = wna16_dequant.dequantize(*large, 4, 32, torch.bfloat16)
+    assert torch.equal(grown, dequantize(*large, 4, torch.bfloat16))
+
+
 def test_fp8_gemm_is_exact_against_its_dequantized_operands():
     x = torch.randn(5, 64, device=DEVICE)
     w = torch.randn(48, 64, device=DEVICE) * 0.1

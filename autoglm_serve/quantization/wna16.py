@@ -20,6 +20,11 @@ from autoglm_serve.quantization.config import WeightScheme
 from autoglm_serve.quantization.packing import pack_factor, pack_last_dim, unpack_last_dim
 
 
+# Above this many rows a call dequantizes its weight for cuBLAS; at or below it the Triton
+# kernels read the packed weight (the decode GEMV, else kernels/wna16.py).
+DEQUANTIZE_ABOVE_ROWS = 16
+
+
 def _param(t: torch.Tensor) -> nn.Parameter:
     return nn.Parameter(t, requires_grad=False)
 
@@ -90,6 +95,12 @@ class WNA16LinearMethod(LinearMethod):
             gemv = _decode_gemv(x, layer, bits, bias, gated=False)
             if gemv is not None:     # a few rows: the W4A16 decode GEMV
                 return gemv.w4a16_gemv(x, layer.qweight, layer.scales, zeros, group, bias)
+            if x.numel() > DEQUANTIZE_ABOVE_ROWS * x.shape[-1]:
+                # compute-bound: cuBLAS on the weight dequantized once (kernels/wna16_dequant.py)
+                from autoglm_serve.kernels import wna16_dequant
+                w = wna16_dequant.dequantize(layer.qweight, layer.scales, zeros, bits, group,
+                                             x.dtype)
+                return F.linear(x, w, bias)
             from autoglm_serve.kernels.wna16 import wna16_linear
             return wna16_linear(x, layer.qweight, layer.scales, zeros, bits, group, bias)
         # CPU: dequantize, then the dense matmul (tests and CI run quantized models this way)
