@@ -101,6 +101,7 @@ def test_a_screenshot_crosses_to_the_core_process_and_answers_as_in_process(serv
     r = chat(server, content, max_tokens=6, logprobs=True)
     assert r.status_code == 200, r.text
     body = r.json()
+    assert "action" not in body["choices"][0]["message"]    # the action grammar's field only
     llm = LLM(str(model), dtype="float32", max_model_len=4096,
               mm_processor_kwargs={"max_pixels": MAX_PIXELS})
     prompt = llm.engine.frontend.prepare_chat([{"role": "user", "content": content}])

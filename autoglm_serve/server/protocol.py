@@ -17,7 +17,7 @@ import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat,
-                      StrictInt, WithJsonSchema, field_validator)
+                      StrictInt, WithJsonSchema, field_validator, model_serializer)
 
 from autoglm_serve.sampling_params import MAX_LOGPROBS, SEED_MAX, SEED_MIN
 
@@ -277,8 +277,16 @@ class ResponseMessage(BaseModel):
     reasoning_content: str | None = None
     tool_calls: list[ToolCallItem] = Field(default_factory=list)
     # the autoglm_action grammar's answer, parsed as Open-AutoGLM does
-    # ({"_metadata": "do", "action": "Tap", "element": [x, y]}); None for other requests
+    # ({"_metadata": "do", "action": "Tap", "element": [x, y]}); left out of other responses
     action: dict[str, Any] | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent_action(self, handler):
+        # OpenAI's message has no such field: only the action grammar's responses carry it
+        data = handler(self)
+        if data.get("action") is None:
+            data.pop("action", None)
+        return data
 
 
 class ChatChoice(BaseModel):
