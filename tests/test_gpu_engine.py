@@ -2,7 +2,6 @@
 (the reference attention backend, fused kernels off, eager), same weights, a mixed batch. Runs
 only where CUDA is present."""
 import pytest
-import torch
 
 from autoglm_serve import LLM, SamplingParams
 from tests.tiny_models import build_tiny_decoder

@@ -60,7 +60,7 @@ def main() -> None:
 
     runner.launch = traced_launch
     rng = random.Random(0)
-    print(f"| rows | context | sampling | step wall ms (median) | device ms (median) |")
+    print("| rows | context | sampling | step wall ms (median) | device ms (median) |")
     print("| --- | --- | --- | --- | --- |")
     for ctx in [int(c) for c in args.contexts.split(",")]:
         for mode in args.sampling.split(","):

@@ -26,8 +26,8 @@ from collections import deque
 from multiprocessing.connection import Connection
 
 from autoglm_serve.engine.process.core_loop import run_core_loop
-from autoglm_serve.engine.process.core_messages import (CoreFailed, CoreOutputs, CoreReady, Shutdown,
-                                                merge_outputs)
+from autoglm_serve.engine.process.core_messages import (CoreFailed, CoreOutputs, CoreReady,
+                                                        merge_outputs)
 from autoglm_serve.engine.settings import EngineSettings
 from autoglm_serve.engine.process.tensor_channel import TensorChannel
 
