@@ -3,9 +3,11 @@ several minutes on two cores). Prints one row per variant; transformers loads ea
 
     PYTHONPATH=. python scripts/quantize_quality.py [--variants rtn:64,gptq:64,gptq:32:ao,awq:64,fp8]
 
-Measured 2026-12-01 (16 samples, float32; unquantized 22.09): rtn:32 28.15 (+27%),
-gptq:64:ao 28.35 (+28%), gptq:32:ao 26.76 (+21%), awq:64 28.42 (+29%), awq:32 27.54 (+25%);
-from the quality test: rtn:64 27.79 (+26%), gptq:64 29.83 (+35%), fp8 22.70 (+2.7%).
+Measured 2026-12-01 (32 samples, float32; unquantized 22.09): rtn:32 28.15 (+27%),
+gptq:32:ao 25.74 (+16%), gptq:64:ao 27.41 (+24%), gptq:64 28.67 (+30%), awq:32 27.12 (+23%);
+from the quality test (16 samples): rtn:64 27.79 (+26%), gptq:32:ao 25.99 (+18%), fp8 22.42
+(+1.5%). Zero-point grids (which transformers cannot load, so not here) measured in memory:
+RTN group 32 25.67 (+16%), GPTQ group 32 act-order 24.82 (+12%, 16 samples).
 """
 from __future__ import annotations
 

@@ -2,12 +2,13 @@
 fixed English text (tests/data/perplexity_prose.txt, 351 tokens) with transformers loading each
 written checkpoint, and greedy answers to fixed questions.
 
-Measured (2026-12-01, float32 checkpoints, W4A16 group 64 as 576 is not a multiple of 128):
-unquantized 22.09; FP8 (weights and per-token activations) 22.70 (+2.7%); RTN 27.79 (+26%);
-GPTQ on 16 built-in conversations 29.83 (+35%). The issue's targets (FP8 1%, calibrated W4A16
-3%) are not reached on this model: its weights are already a 4-bit GGUF (Q4_1, asymmetric), and
-calibrating on agent/chat text does not transfer to this prose (GPTQ calibrated on the prose
-itself: 24.3, +10%). RTN's greedy answer to the question loses "Paris"; GPTQ's and FP8's keep it.
+Measured (2026-12-01, float32 checkpoints; the source is the package's Q4_1 GGUF dequantized,
+so its weights already sit on a 16-level grid per 32 inputs): unquantized 22.09; FP8 (weights,
+scales searched, and per-token activations) 22.42 (+1.5%; the per-token activations alone cost
++1.1%, target 1%); RTN group 64 27.79 (+26%); GPTQ group 32 act-order on 16 built-in samples
+25.99 (+18%, target 3%). GPTQ itself is not what limits: calibrated on this very text it reaches
++2.2% (zero points, group 32); the gap is how far 16 short conversations carry to this prose.
+RTN's greedy answer to the question loses "Paris"; GPTQ's and FP8's keep it.
 The bounds below hold what is measured.
 """
 import copy
@@ -32,9 +33,12 @@ def checkpoints(tmp_path_factory):
     source = load_source_model(None)
     base = tmp_path_factory.mktemp("smollm2")
     out = {"unquantized": source}
-    for method in ("rtn", "gptq", "fp8"):
+    # GPTQ: its best variant that transformers loads (symmetric; act-order, group 32)
+    options = {"rtn": {}, "gptq": dict(group_size=32, act_order=True), "fp8": {}}
+    for method, kw in options.items():
         out[method] = write_quantized_checkpoint(copy.deepcopy(source), base / method, method,
-                                                 num_samples=16, max_tokens=512, dtype=torch.float32)
+                                                 num_samples=16, max_tokens=512, dtype=torch.float32,
+                                                 **kw)
     return out
 
 
@@ -69,14 +73,15 @@ def results(checkpoints):
 
 
 def test_fp8_perplexity_bounded(results):
-    assert results["fp8"][0] <= results["unquantized"][0] * 1.035
+    assert results["fp8"][0] <= results["unquantized"][0] * 1.02
 
 
 def test_w4a16_perplexity_bounded(results):
     base = results["unquantized"][0]
     assert results["rtn"][0] > base * 1.05          # int4 costs something: these are real int4 weights
     assert results["rtn"][0] <= base * 1.35
-    assert results["gptq"][0] <= base * 1.45
+    assert results["gptq"][0] <= base * 1.21
+    assert results["gptq"][0] < results["rtn"][0] * 0.96   # calibration buys something
 
 
 @pytest.mark.parametrize("name", ["unquantized", "gptq", "fp8"])   # RTN's answer drifts (see above)

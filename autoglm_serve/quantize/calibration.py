@@ -12,27 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from autoglm_serve.bench.phone_agent import SYSTEM_PROMPT, TASKS, fallback_reply
-
-# General assistant turns beside the agent ones, so that plain chat is calibrated too; answers
-# of a few sentences of ordinary prose (short ones teach the statistics little).
-CHAT_TURNS = [
-    ("What is the capital of France?", "The capital of France is Paris. It lies on the Seine in the north of the country and has been the seat of government for most of the last thousand years."),
-    ("Write a short poem about the sea.", "Waves fold into foam,\nsalt wind carries the voices of gulls,\nand the tide keeps its slow time against the stones of the harbour wall."),
-    ("Explain what a GPU is.", "A GPU is a processor with thousands of small cores that run the same operation on many numbers at once. It was built to draw images, where every pixel needs similar work, and the same design makes it fast for training and running neural networks."),
-    ("Which fruits are red?", "Strawberries, cherries, raspberries and many apples are red. Tomatoes are red as well, and botanists count them as fruit even though most people cook them as vegetables."),
-    ("How do I turn on Wi-Fi on an Android phone?", "Swipe down from the top of the screen to open quick settings, then tap the Wi-Fi tile. You can also open Settings, choose Network and internet, and switch Wi-Fi on there; the phone then lists the networks it can see."),
-    ("How do you say 'good morning' in Spanish?", "Good morning in Spanish is 'buenos dias'. In the afternoon people say 'buenas tardes', and in the evening 'buenas noches'."),
-    ("What is 12 times 7?", "12 times 7 is 84. One way to check it is to compute 10 times 7, which is 70, and add 2 times 7, which is 14."),
-    ("Give me a tip for writing clean code.", "Give functions and variables names that say what they hold, and keep each function doing one thing. Code is read far more often than it is written, so a reader who understands it quickly is worth more than a clever line."),
-    ("Why is the sky blue?", "Sunlight contains every colour, but air molecules scatter short blue wavelengths much more strongly than long red ones. So when you look at any part of the sky away from the sun, you see the blue light that has been scattered towards you."),
-    ("Tell me a fact about history.", "The Great Library of Alexandria was not destroyed in a single fire. It declined over several centuries as funding fell, scholars left, and the city passed through wars and changes of rule."),
-    ("How can I sleep better?", "Go to bed and get up at the same time every day, even at weekends. Keep the bedroom dark and cool, avoid coffee in the afternoon, and put the phone away half an hour before you want to sleep."),
-    ("Summarise what a bank does.", "A bank keeps money for its customers and lends part of it to others who need it, such as families buying a home or firms building a factory. It earns money from the difference between the interest it charges on loans and the interest it pays on savings."),
-    ("What should I pack for a weekend hike?", "Take water, food for the whole day, a rain jacket, a warm layer, a map and a charged phone. Good shoes matter more than anything else, and it helps to tell someone where you are going and when you expect to be back."),
-    ("Describe a cat in two sentences.", "A cat is a small, quiet hunter that spends most of the day asleep in the warmest place it can find. When it wakes it stretches, washes itself with great care, and then decides whether you deserve its attention."),
-    ("What causes rain?", "Warm air rises and cools, and the water vapour it carries condenses into tiny droplets that form clouds. When the droplets join into drops too heavy for the air to hold up, they fall as rain."),
-    ("Recommend a way to learn a language.", "Practise a little every day rather than a lot once a week. Listen to people speaking it, read simple stories, and try to talk as early as possible, because mistakes made aloud are the ones you remember."),
-]
+from autoglm_serve.quantize.calibration_texts import LONG_TURNS, SHORT_TURNS
 
 
 @dataclass
@@ -56,7 +36,7 @@ class CalibrationSample:
 
 
 def conversations(num_samples: int, with_images: bool) -> list[list[dict]]:
-    """Alternating agent steps and chat turns; an agent step's user turn holds one image part."""
+    """Alternating agent steps and prose chats; an agent step's user turn holds one image part."""
     rnd = random.Random(0)
     out = []
     for i in range(num_samples):
@@ -73,9 +53,15 @@ def conversations(num_samples: int, with_images: bool) -> list[list[dict]]:
                         {"role": "user", "content": user},
                         {"role": "assistant", "content": fallback_reply(agent, step)}])
         else:
-            question, answer = CHAT_TURNS[(i // 2) % len(CHAT_TURNS)]
-            out.append([{"role": "user", "content": question},
-                        {"role": "assistant", "content": answer}])
+            # a multi-turn chat of prose answers: several topics a sample, so that no one text
+            # (nor the chat template's default system prompt) dominates the statistics
+            j = i // 2
+            turns = [LONG_TURNS[(3 * j + k) % len(LONG_TURNS)] for k in range(3)]
+            turns.insert(rnd.randint(0, 3), SHORT_TURNS[j % len(SHORT_TURNS)])
+            chat = []
+            for question, answer in turns:
+                chat += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+            out.append(chat)
     return out
 
 

@@ -45,8 +45,12 @@ def _inverse_hessian_cholesky(hessian: torch.Tensor, damp: float) -> torch.Tenso
 
 
 def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, tokens: int, args: QuantizationArgs,
-                  scale_dtype: torch.dtype, act_order: bool = False, damp: float = 0.1,
-                  block_size: int = 128) -> QuantizedWeight:
+                  scale_dtype: torch.dtype, act_order: bool = False, damp: float = 0.01,
+                  block_size: int = 128, clip_search: bool = True) -> QuantizedWeight:
+    """`args`: int weights by group, symmetric or with zero points. `damp`: the fraction of H's
+    mean diagonal added to it (SmolLM2 perplexity, group 32 act-order, 16 samples, no clip search:
+    0.01 26.64, 0.1 28.10). `clip_search`: each group's range shrunk where that lowers its own
+    squared error (at 0.01: 25.99 with it)."""
     W = weight.detach().float().clone()
     rows, cols = W.shape
     gs = args.group_size
@@ -57,8 +61,11 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, tokens: int, args
     qmin, qmax = (float(v) for v in calculate_range(args, W.device))
 
     scale = torch.zeros(rows, cols // gs, dtype=scale_dtype, device=W.device)
+    zero = torch.zeros(rows, cols // gs, dtype=torch.int8, device=W.device)
     if act_order:
-        scale, _ = weight_qparams(W, args, scale_dtype)   # static groups: from the whole weight
+        # static groups: the scales from the whole weight, before any column moves
+        scale, zero = weight_qparams(W, args, scale_dtype, clip_search)
+        zero = zero.to(torch.int8)
         perm = torch.argsort(H.diagonal(), descending=True)
         W, H = W[:, perm], H[perm][:, perm]
     else:
@@ -76,10 +83,12 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, tokens: int, args
             col = b0 + i
             if not act_order and col % gs == 0:
                 # the group's scale from its current, error-compensated weights
-                scale[:, col // gs] = weight_qparams(W1[:, i:i + gs], _per_row(args), scale_dtype)[0][:, 0]
-            s = scale[:, int(perm[col]) // gs].float()
+                s_, z_ = weight_qparams(W1[:, i:i + gs], _per_row(args), scale_dtype, clip_search)
+                scale[:, col // gs], zero[:, col // gs] = s_[:, 0], z_[:, 0].to(torch.int8)
+            g = int(perm[col]) // gs
+            s, z = scale[:, g].float(), zero[:, g].float()
             w = W1[:, i]
-            q = torch.clamp(torch.round(w / s), qmin, qmax) * s
+            q = (torch.clamp(torch.round(w / s) + z, qmin, qmax) - z) * s
             Q[:, col] = q
             err = (w - q) / Hinv1[i, i]
             W1[:, i:] -= err.unsqueeze(1) * Hinv1[i, i:].unsqueeze(0)
@@ -87,7 +96,7 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, tokens: int, args
         W[:, b1:] -= Err1 @ Hinv[b0:b1, b1:]
     if act_order:
         Q = Q[:, torch.argsort(perm)]
-    return QuantizedWeight(Q, scale, torch.zeros(scale.shape, dtype=torch.int8, device=W.device))
+    return QuantizedWeight(Q, scale, zero)
 
 
 def _per_row(args: QuantizationArgs) -> QuantizationArgs:

@@ -25,6 +25,7 @@ def write_quantized_checkpoint(
     method: Method = "gptq",
     group_size: int | None = None,
     act_order: bool = False,
+    symmetric: bool = True,
     num_samples: int = 32,
     max_tokens: int = 512,
     dtype: torch.dtype = torch.bfloat16,
@@ -39,7 +40,7 @@ def write_quantized_checkpoint(
     targets = target_linears(hf, ignore)
     if method != "fp8":
         group_size = fitting_group_size(targets, group_size)
-    config = quantization_config(method, ignore, group_size or 0, act_order)
+    config = quantization_config(method, ignore, group_size or 0, act_order, symmetric)
     args = config.config_groups["group_0"].weights
     quantized: dict[str, QuantizedWeight] = {}
 

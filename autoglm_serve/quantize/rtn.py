@@ -4,7 +4,8 @@ Scales are computed with compressed-tensors' `calculate_qparams` (symmetric int4
 codes in [-8, 7]; fp8: amax / 448) and rounded to the dtype the checkpoint stores them in, so
 the weights written are exactly what a loader reconstructs. For int weights the range is then
 shrunk where that lowers the group's squared rounding error (clipping a rare large weight buys
-finer steps for all the others), as llm-compressor's "mse" observer does.
+finer steps for all the others), as llm-compressor's "mse" observer does; fp8 scales are
+searched likewise, upwards from amax / 448.
 """
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ def weight_qparams(weight: torch.Tensor, args: QuantizationArgs, scale_dtype: to
     if clip_search and args.type == QuantizationType.INT:
         scale = _clip_searched_scale(w if w.dim() == 3 else w.unsqueeze(1), lo, hi, scale, args,
                                      scale_dtype)
+    elif clip_search and args.strategy == QuantizationStrategy.CHANNEL:
+        scale = _fp8_searched_scale(w, scale, zero_point, args)
     return scale, zero_point
 
 
@@ -58,6 +61,29 @@ def _clip_searched_scale(groups: torch.Tensor, lo: torch.Tensor, hi: torch.Tenso
         s = calculate_qparams(lo * shrink, hi * shrink, args)[0].to(scale_dtype)
         sf = s.float().unsqueeze(-1)
         err = (torch.clamp(torch.round(groups / sf), qmin, qmax) * sf - groups).pow(2).sum(-1)
+        if best_err is None:
+            best_err = err
+            continue
+        better = err < best_err
+        best = torch.where(better, s, best)
+        best_err = torch.where(better, err, best_err)
+    return best
+
+
+# fp8 scale factors tried: amax / 448 times 1 to 2 (one octave: e4m3's grid repeats every doubling)
+_FP8_STRETCHES = [1.0 + i / 32 for i in range(33)]
+
+
+def _fp8_searched_scale(w: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
+                        args: QuantizationArgs) -> torch.Tensor:
+    """Per row, the scale of least squared error among amax/448 stretched by up to 2x: float8's
+    steps are relative, so the stretch only moves where its grid falls, and on weights that sit
+    on a coarse grid already (a 4-bit GGUF's) a well-placed one rounds far less (SmolLM2:
+    fp8 weights alone +1.6% perplexity at amax/448, -0.3% searched)."""
+    best, best_err = scale, None
+    for stretch in _FP8_STRETCHES:
+        s = (scale.float() * stretch).to(scale.dtype)
+        err = (quantize_dequantize(w, s, zero_point, args) - w).pow(2).sum(1, keepdim=True)
         if best_err is None:
             best_err = err
             continue

@@ -27,7 +27,7 @@ LM_HEAD = "lm_head"
 
 
 def weight_args(method: Method, group_size: int = DEFAULT_GROUP_SIZE,
-                act_order: bool = False) -> QuantizationArgs:
+                act_order: bool = False, symmetric: bool = True) -> QuantizationArgs:
     if method == "fp8":
         return QuantizationArgs(num_bits=8, type=QuantizationType.FLOAT,
                                 strategy=QuantizationStrategy.CHANNEL, symmetric=True,
@@ -36,7 +36,7 @@ def weight_args(method: Method, group_size: int = DEFAULT_GROUP_SIZE,
     # stay contiguous, so no g_idx is stored and every W4A16 kernel can run the checkpoint.
     return QuantizationArgs(num_bits=4, type=QuantizationType.INT,
                             strategy=QuantizationStrategy.GROUP, group_size=group_size,
-                            symmetric=True, dynamic=False,
+                            symmetric=symmetric, dynamic=False,
                             actorder="weight" if act_order else None)
 
 
@@ -49,8 +49,9 @@ def input_args(method: Method) -> QuantizationArgs | None:
 
 
 def quantization_config(method: Method, ignore: list[str], group_size: int = DEFAULT_GROUP_SIZE,
-                        act_order: bool = False) -> QuantizationConfig:
-    scheme = QuantizationScheme(targets=["Linear"], weights=weight_args(method, group_size, act_order),
+                        act_order: bool = False, symmetric: bool = True) -> QuantizationConfig:
+    scheme = QuantizationScheme(targets=["Linear"],
+                                weights=weight_args(method, group_size, act_order, symmetric),
                                 input_activations=input_args(method))
     return QuantizationConfig(config_groups={"group_0": scheme}, ignore=ignore,
                               quantization_status=QuantizationStatus.FROZEN)
