@@ -28,7 +28,9 @@ import triton
 import triton.language as tl
 
 from autoglm_serve.kernels import pdl
-from autoglm_serve.kernels.gemv import GemvConfig, finish_split_k, rows_bucket, workspace
+from autoglm_serve.kernels.gemv import (GemvConfig, as_rows, default_split_k, finish_split_k,
+                                        launch_buffers, load_k_tile, rows_bucket,
+                                        split_k_range)
 from autoglm_serve.kernels.pdl import wait_for_previous_grid
 
 ENABLED = True
@@ -65,10 +67,7 @@ def default_config(m: int, n: int, k: int) -> GemvConfig:
     instructions per weight in the sm_90 SASS, 8 x 512: 4.9), more rows in 128 x 128
     tensor-core tiles (4.2; 16 x 512 takes 17.5)."""
     block_n, block_k = (16, 512) if m == 1 else (128, 128)
-    tiles = triton.cdiv(n, block_n)
-    split_k = 1
-    while tiles * split_k < 256 and split_k < 8 and triton.cdiv(k, block_k) >= 4 * split_k:
-        split_k *= 2
+    split_k = default_split_k(triton.cdiv(n, block_n), triton.cdiv(k, block_k), 4)
     return GemvConfig(block_n, block_k, split_k, num_warps=4, num_stages=3, dot=m > 1)
 
 
@@ -108,26 +107,14 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr, count_p
     # which moves an e4m3 rounding only at a tie boundary (rare, one ulp of one element)
     x_inv = tl.div_rn(tl.full(x_scale.shape, 1.0, tl.float32), x_scale)
 
-    chunks_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
-    k_start = pid_k * chunks_per_split * BLOCK_K
-    k_end = tl.minimum(k_start + chunks_per_split * BLOCK_K, K)
+    k_start, k_end = split_k_range(pid_k, K, BLOCK_K, SPLIT_K)
     if USE_DOT:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     acc_up = tl.zeros_like(acc)
     for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
-        if EVEN_K:
-            x = tl.load(x_tile + k, mask=m_mask, other=0.0)
-            w = tl.load(w_gate + k)
-            if GATED:
-                w2 = tl.load(w_up + k)
-        else:
-            k_mask = offs_k[None, :] < K - k
-            x = tl.load(x_tile + k, mask=m_mask & k_mask, other=0.0)
-            w = tl.load(w_gate + k, mask=k_mask, other=0.0)
-            if GATED:
-                w2 = tl.load(w_up + k, mask=k_mask, other=0.0)
+        x, w, w2 = load_k_tile(x_tile, w_gate, w_up, k, offs_k, m_mask, K, GATED, EVEN_K)
         xq = tl.clamp(x.to(tl.float32) * x_inv[:, None], -FP8_MAX, FP8_MAX)
         xq = xq.to(tl.float8e4nv).to(tl.float32)
         if USE_DOT:
@@ -172,17 +159,11 @@ def supports(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
 
 def _launch(x, weight, weight_scale, bias, n, gated, config):
     k = weight.shape[1]
-    x2 = x.reshape(-1, k).contiguous()
+    x2 = as_rows(x, k, MAX_ROWS)
     m = x2.shape[0]
-    assert 1 <= m <= MAX_ROWS, f"{m} rows: the GEMV handles 1..{MAX_ROWS}"
     cfg = config or select_config(m, n, k, gated)
     assert cfg.dot or m == 1, "the CUDA-core path computes one row; more need dot=True"
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    tiles = triton.cdiv(n, cfg.block_n)
-    if cfg.split_k > 1:
-        partials, counts = workspace(x.device, n, tiles, cfg.split_k, gated)
-    else:
-        partials, counts = y, y   # unused
+    y, tiles, partials, counts = launch_buffers(x, m, n, cfg, gated)
     _fp8_gemv_kernel[(tiles, cfg.split_k)](
         x2, weight, weight_scale, bias if bias is not None else weight_scale, y, partials,
         counts, m, n, k, HAS_BIAS=bias is not None, GATED=gated, USE_DOT=cfg.dot,

@@ -104,11 +104,17 @@ def default_config(m: int, n: int, k: int, dtype: torch.dtype) -> GemvConfig:
         block_n = 16 if n >= 16 * 512 else 8
     else:
         block_n = 16
-    tiles = triton.cdiv(n, block_n)
-    split_k = 1
-    while tiles * split_k < 256 and split_k < 8 and triton.cdiv(k, block_k) >= 8 * split_k:
-        split_k *= 2
+    split_k = default_split_k(triton.cdiv(n, block_n), triton.cdiv(k, block_k), 8)
     return GemvConfig(block_n, block_k, split_k, num_warps=4, num_stages=3, dot=m > 1)
+
+
+def default_split_k(tiles: int, k_chunks: int, min_chunks_per_split: int) -> int:
+    """The untuned split-K of the GEMVs here and in the quantized ones: doubled (up to 8) while
+    the tiles give fewer than 256 programs and each split keeps ``min_chunks_per_split`` chunks."""
+    split_k = 1
+    while tiles * split_k < 256 and split_k < 8 and k_chunks >= min_chunks_per_split * split_k:
+        split_k *= 2
+    return split_k
 
 
 def _tuned_key(m: int, n: int, k: int, dtype: torch.dtype, gated: bool):
@@ -137,6 +143,37 @@ def _write_output(y_ptr, bias_ptr, out, out_up, rows, y_offs, y_mask,
 
 
 @triton.jit
+def split_k_range(pid_k, K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """[k_start, k_end) of program pid_k: the s-th of SPLIT_K runs of equally many K chunks.
+    Shared by the quantized GEMVs."""
+    chunks_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
+    k_start = pid_k * chunks_per_split * BLOCK_K
+    k_end = tl.minimum(k_start + chunks_per_split * BLOCK_K, K)
+    return k_start, k_end
+
+
+@triton.jit
+def load_k_tile(x_tile, w_gate, w_up, k, offs_k, m_mask, K, GATED: tl.constexpr,
+                EVEN_K: tl.constexpr):
+    """(x, gate weight, up weight) tiles at K offset k, masked past K unless EVEN_K; without
+    GATED the up tile is the gate's (unused). Shared by the FP8 GEMV."""
+    if EVEN_K:
+        x = tl.load(x_tile + k, mask=m_mask, other=0.0)
+        w = tl.load(w_gate + k)
+        w2 = w
+        if GATED:
+            w2 = tl.load(w_up + k)
+    else:
+        k_mask = offs_k[None, :] < K - k
+        x = tl.load(x_tile + k, mask=m_mask & k_mask, other=0.0)
+        w = tl.load(w_gate + k, mask=k_mask, other=0.0)
+        w2 = w
+        if GATED:
+            w2 = tl.load(w_up + k, mask=k_mask, other=0.0)
+    return x, w, w2
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr, M, N, K,
                  HAS_BIAS: tl.constexpr, GATED: tl.constexpr, USE_DOT: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -157,9 +194,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr, M, N, K,
     x_tile = x_ptr + offs_m[:, None] * K + offs_k[None, :]
     m_mask = offs_m[:, None] < M
 
-    chunks_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
-    k_start = pid_k * chunks_per_split * BLOCK_K
-    k_end = tl.minimum(k_start + chunks_per_split * BLOCK_K, K)
+    k_start, k_end = split_k_range(pid_k, K, BLOCK_K, SPLIT_K)
     wait_for_previous_grid(PDL)
     if USE_DOT:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -168,17 +203,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr, M, N, K,
     acc_up = tl.zeros_like(acc)
     # num_stages on the loop itself: Triton then pipelines loads that feed no tl.dot (one row)
     for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
-        if EVEN_K:
-            x = tl.load(x_tile + k, mask=m_mask, other=0.0)
-            w = tl.load(w_gate + k)
-            if GATED:
-                w2 = tl.load(w_up + k)
-        else:
-            k_mask = offs_k[None, :] < K - k
-            x = tl.load(x_tile + k, mask=m_mask & k_mask, other=0.0)
-            w = tl.load(w_gate + k, mask=k_mask, other=0.0)
-            if GATED:
-                w2 = tl.load(w_up + k, mask=k_mask, other=0.0)
+        x, w, w2 = load_k_tile(x_tile, w_gate, w_up, k, offs_k, m_mask, K, GATED, EVEN_K)
         if USE_DOT:
             xt = tl.trans(x)
             acc = tl.dot(w, xt, acc, input_precision="ieee")
@@ -248,6 +273,26 @@ def workspace(device, n: int, tiles: int, split_k: int, gated: bool):
     return _workspaces[key]
 
 
+def as_rows(x: torch.Tensor, k: int, max_rows: int) -> torch.Tensor:
+    """x [..., K] as contiguous [M, K] rows, 1 <= M <= max_rows."""
+    x2 = x.reshape(-1, k).contiguous()
+    m = x2.shape[0]
+    assert 1 <= m <= max_rows, f"{m} rows: the GEMV handles 1..{max_rows}"
+    return x2
+
+
+def launch_buffers(x: torch.Tensor, m: int, n: int, cfg: GemvConfig, gated: bool):
+    """(y [m, n], tiles of N, split-K partials, counters) of one launch; without split-K the
+    kernel takes y in place of the (unused) workspace."""
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    tiles = triton.cdiv(n, cfg.block_n)
+    if cfg.split_k > 1:
+        partials, counts = workspace(x.device, n, tiles, cfg.split_k, gated)
+    else:
+        partials, counts = y, y   # unused
+    return y, tiles, partials, counts
+
+
 def supports(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
              gated: bool = False) -> bool:
     """Whether ``gemv(x, weight, bias)`` (``gated_gemv(x, weight)``) handles these tensors and is
@@ -272,17 +317,11 @@ def supports(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, n: int,
             gated: bool, config: GemvConfig | None) -> torch.Tensor:
     k = weight.shape[1]
-    x2 = x.reshape(-1, k).contiguous()
+    x2 = as_rows(x, k, MAX_ROWS)
     m = x2.shape[0]
-    assert 1 <= m <= MAX_ROWS, f"{m} rows: the GEMV handles 1..{MAX_ROWS}"
     cfg = config or select_config(m, n, k, x.dtype, gated)
     assert cfg.dot or m == 1, "the CUDA-core path computes one row; more need dot=True"
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    tiles = triton.cdiv(n, cfg.block_n)
-    if cfg.split_k > 1:
-        partials, counts = workspace(x.device, n, tiles, cfg.split_k, gated)
-    else:
-        partials, counts = y, y   # unused
+    y, tiles, partials, counts = launch_buffers(x, m, n, cfg, gated)
     _gemv_kernel[(tiles, cfg.split_k)](
         x2, weight, bias if bias is not None else weight, y, partials, counts, m, n, k,
         HAS_BIAS=bias is not None, GATED=gated, USE_DOT=cfg.dot,
