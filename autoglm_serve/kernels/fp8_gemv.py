@@ -29,8 +29,9 @@ import triton.language as tl
 
 from autoglm_serve.kernels import pdl
 from autoglm_serve.kernels.gemv import (GemvConfig, as_rows, default_split_k, finish_split_k,
-                                        launch_buffers, load_k_tile, rows_bucket,
-                                        split_k_range)
+                                        launch_buffers, load_k_tile, reduce_accumulators,
+                                        row_tiles, rows_bucket, split_k_range,
+                                        zero_accumulators)
 from autoglm_serve.kernels.pdl import wait_for_previous_grid
 
 ENABLED = True
@@ -87,14 +88,8 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr, count_p
                      PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = tl.minimum(offs_n, N - 1).to(tl.int64)   # rows past N re-read row N - 1, dropped
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_k = tl.arange(0, BLOCK_K)
-    w_gate = w_ptr + rows[:, None] * K + offs_k[None, :]
-    w_up = w_ptr + (rows + N)[:, None] * K + offs_k[None, :]
-    x_tile = x_ptr + offs_m[:, None] * K + offs_k[None, :]
-    m_mask = offs_m[:, None] < M
+    offs_n, rows, offs_m, offs_k, w_gate, w_up, x_tile, m_mask = row_tiles(
+        x_ptr, w_ptr, pid_n, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
 
     wait_for_previous_grid(PDL)
     # per-token scale over the whole row, as quantization/fp8.quantize_rows
@@ -108,11 +103,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr, count_p
     x_inv = tl.div_rn(tl.full(x_scale.shape, 1.0, tl.float32), x_scale)
 
     k_start, k_end = split_k_range(pid_k, K, BLOCK_K, SPLIT_K)
-    if USE_DOT:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    acc_up = tl.zeros_like(acc)
+    acc, acc_up = zero_accumulators(USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
     for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
         x, w, w2 = load_k_tile(x_tile, w_gate, w_up, k, offs_k, m_mask, K, GATED, EVEN_K)
         xq = tl.clamp(x.to(tl.float32) * x_inv[:, None], -FP8_MAX, FP8_MAX)
@@ -126,12 +117,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr, count_p
             acc += w.to(tl.float32) * xq
             if GATED:
                 acc_up += w2.to(tl.float32) * xq
-    if USE_DOT:
-        out = acc
-        out_up = acc_up
-    else:   # one row: one cross-K reduction for the whole loop
-        out = tl.sum(acc, axis=1, keep_dims=True)
-        out_up = tl.sum(acc_up, axis=1, keep_dims=True)
+    out, out_up = reduce_accumulators(acc, acc_up, USE_DOT)
     out = out * x_scale[None, :] * tl.load(ws_ptr + rows)[:, None]
     if GATED:
         out_up = out_up * x_scale[None, :] * tl.load(ws_ptr + rows + N)[:, None]

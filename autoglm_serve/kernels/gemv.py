@@ -143,6 +143,48 @@ def _write_output(y_ptr, bias_ptr, out, out_up, rows, y_offs, y_mask,
 
 
 @triton.jit
+def row_tiles(x_ptr, w_ptr, pid_n, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr):
+    """Program pid_n's offsets, weight rows and first-tile pointers for a row-major [N, K]
+    weight (GATED: [2N, K], up rows at N + n) and x [M, K]: (offs_n, rows, offs_m, offs_k,
+    w_gate, w_up, x_tile, m_mask). Shared by the FP8 GEMV."""
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # rows past N re-read row N - 1: the weight loads need no mask, those results are dropped
+    rows = tl.minimum(offs_n, N - 1).to(tl.int64)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    w_gate = w_ptr + rows[:, None] * K + offs_k[None, :]
+    w_up = w_ptr + (rows + N)[:, None] * K + offs_k[None, :]
+    x_tile = x_ptr + offs_m[:, None] * K + offs_k[None, :]
+    m_mask = offs_m[:, None] < M
+    return offs_n, rows, offs_m, offs_k, w_gate, w_up, x_tile, m_mask
+
+
+@triton.jit
+def zero_accumulators(USE_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+    """fp32 (gate, up) accumulators: [BLOCK_N, BLOCK_M] for tl.dot, else [BLOCK_N, BLOCK_K]
+    (one row, products summed elementwise and reduced across K once, after the loop)."""
+    if USE_DOT:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    return acc, tl.zeros_like(acc)
+
+
+@triton.jit
+def reduce_accumulators(acc, acc_up, USE_DOT: tl.constexpr):
+    """The [BLOCK_N, BLOCK_M] results of ``zero_accumulators``' tiles."""
+    if USE_DOT:
+        out = acc
+        out_up = acc_up
+    else:   # BLOCK_M == 1: one cross-K reduction for the whole loop
+        out = tl.sum(acc, axis=1, keep_dims=True)
+        out_up = tl.sum(acc_up, axis=1, keep_dims=True)
+    return out, out_up
+
+
+@triton.jit
 def split_k_range(pid_k, K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     """[k_start, k_end) of program pid_k: the s-th of SPLIT_K runs of equally many K chunks.
     Shared by the quantized GEMVs."""
@@ -184,23 +226,12 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr, M, N, K,
     y = silu(x @ w[:N]^T) * (x @ w[N:]^T)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    # rows past N re-read row N - 1: the weight loads need no mask, those results are dropped
-    rows = tl.minimum(offs_n, N - 1).to(tl.int64)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_k = tl.arange(0, BLOCK_K)
-    w_gate = w_ptr + rows[:, None] * K + offs_k[None, :]
-    w_up = w_ptr + (rows + N)[:, None] * K + offs_k[None, :]
-    x_tile = x_ptr + offs_m[:, None] * K + offs_k[None, :]
-    m_mask = offs_m[:, None] < M
+    offs_n, rows, offs_m, offs_k, w_gate, w_up, x_tile, m_mask = row_tiles(
+        x_ptr, w_ptr, pid_n, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
 
     k_start, k_end = split_k_range(pid_k, K, BLOCK_K, SPLIT_K)
     wait_for_previous_grid(PDL)
-    if USE_DOT:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    acc_up = tl.zeros_like(acc)
+    acc, acc_up = zero_accumulators(USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
     # num_stages on the loop itself: Triton then pipelines loads that feed no tl.dot (one row)
     for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
         x, w, w2 = load_k_tile(x_tile, w_gate, w_up, k, offs_k, m_mask, K, GATED, EVEN_K)
@@ -214,13 +245,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr, M, N, K,
             acc += w.to(tl.float32) * xf
             if GATED:
                 acc_up += w2.to(tl.float32) * xf
-    if USE_DOT:
-        out = acc
-        out_up = acc_up
-    else:   # BLOCK_M == 1: one cross-K reduction for the whole loop
-        out = tl.sum(acc, axis=1, keep_dims=True)
-        out_up = tl.sum(acc_up, axis=1, keep_dims=True)
-
+    out, out_up = reduce_accumulators(acc, acc_up, USE_DOT)
     finish_split_k(y_ptr, bias_ptr, partial_ptr, count_ptr, out, out_up, rows, offs_m, offs_n,
                    pid_n, pid_k, M, N, HAS_BIAS, GATED, SPLIT_K)
 
