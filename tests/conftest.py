@@ -31,6 +31,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def triton_interpreter_fixes(monkeypatch):
+    """The work-arounds for the Triton interpreter's bugs (tests/triton_interpreter_fixes.py),
+    where kernels run in it; for a module: ``pytestmark = pytest.mark.usefixtures(...)``."""
+    if not torch.cuda.is_available():
+        from triton_interpreter_fixes import fix_interpreter
+        fix_interpreter(monkeypatch)
+
+
 @pytest.fixture(scope="session")
 def default_llm():
     """The embedded default (SmolLM2-135M-Instruct), loaded once for the whole run."""

@@ -10,16 +10,11 @@ from autoglm_serve.kernels import gemv  # noqa: E402
 from autoglm_serve.models.layers.activation import SiluAndMul  # noqa: E402
 from autoglm_serve.models.layers.linear import UnquantizedLinearMethod, uses_gemv  # noqa: E402
 from autoglm_serve.models.llama import GatedMLP  # noqa: E402
-from triton_interpreter_fixes import fix_interpreter  # noqa: E402
+from triton_kernel_tests import DEVICE, rel, require_gpu_or_interpreter  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu" and not triton.knobs.runtime.interpret:
-    pytest.skip("no GPU and triton not in interpreter mode", allow_module_level=True)
+require_gpu_or_interpreter()
+pytestmark = pytest.mark.usefixtures("triton_interpreter_fixes")
 Config = gemv.GemvConfig
-
-
-def rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 def tol(dtype):
@@ -29,12 +24,6 @@ def tol(dtype):
 def two_step(x, weight):
     """What GatedMLP does without the fused kernel."""
     return SiluAndMul()(F.linear(x, weight))
-
-
-@pytest.fixture(autouse=True)
-def interpreter_fixes(monkeypatch):
-    if DEVICE == "cpu":
-        fix_interpreter(monkeypatch)
 
 
 def rand(*shape, dtype):

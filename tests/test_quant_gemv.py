@@ -6,27 +6,16 @@ layers' dispatch."""
 import pytest
 import torch
 
-triton = pytest.importorskip("triton")
+pytest.importorskip("triton")
 from autoglm_serve.kernels import fp8_gemv, fp8_quant, w4a16_gemv  # noqa: E402
 from autoglm_serve.kernels.gemv import GemvConfig as Config  # noqa: E402
 from autoglm_serve.quantization import fp8, kernel_checks  # noqa: E402
 from autoglm_serve.quantization.kernel_checks import (  # noqa: E402
     fp8_reference, random_fp8, random_w4, w4a16_reference)
-from triton_interpreter_fixes import fix_interpreter  # noqa: E402
+from triton_kernel_tests import DEVICE, rel, require_gpu_or_interpreter  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu" and not triton.knobs.runtime.interpret:
-    pytest.skip("no GPU and triton not in interpreter mode", allow_module_level=True)
-
-
-@pytest.fixture(autouse=True)
-def interpreter_fixes(monkeypatch):
-    if DEVICE == "cpu":
-        fix_interpreter(monkeypatch)
-
-
-def rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+require_gpu_or_interpreter()
+pytestmark = pytest.mark.usefixtures("triton_interpreter_fixes")
 
 
 def gen():

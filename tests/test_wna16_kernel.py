@@ -6,26 +6,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-triton = pytest.importorskip("triton")
+pytest.importorskip("triton")
 from autoglm_serve.kernels.wna16 import WNA16Config, select_config, wna16_linear  # noqa: E402
 from autoglm_serve.quantization.fp8 import fp8_linear, quantize_rows  # noqa: E402
 from autoglm_serve.quantization.packing import pack_last_dim  # noqa: E402
 from autoglm_serve.quantization.wna16 import dequantize  # noqa: E402
-from triton_interpreter_fixes import fix_interpreter  # noqa: E402
+from triton_kernel_tests import DEVICE, rel, require_gpu_or_interpreter  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu" and not triton.knobs.runtime.interpret:
-    pytest.skip("no GPU and triton not in interpreter mode", allow_module_level=True)
-
-
-@pytest.fixture(autouse=True)
-def interpreter_fixes(monkeypatch):
-    if DEVICE == "cpu":
-        fix_interpreter(monkeypatch)
-
-
-def rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+require_gpu_or_interpreter()
+pytestmark = pytest.mark.usefixtures("triton_interpreter_fixes")
 
 
 def random_quantized(n, k, bits, group, zeros, dtype, seed=0):

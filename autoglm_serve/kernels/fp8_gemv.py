@@ -28,7 +28,10 @@ import triton
 import triton.language as tl
 
 from autoglm_serve.kernels import pdl
-from autoglm_serve.kernels.gemv import GemvConfig, finish_split_k, rows_bucket, workspace
+from autoglm_serve.kernels.gemv import (GemvConfig, as_rows, default_split_k, finish_split_k,
+                                        launch_buffers, load_k_tile, reduce_accumulators,
+                                        row_tiles, rows_bucket, split_k_range,
+                                        zero_accumulators)
 from autoglm_serve.kernels.pdl import wait_for_previous_grid
 
 ENABLED = True
@@ -65,10 +68,7 @@ def default_config(m: int, n: int, k: int) -> GemvConfig:
     instructions per weight in the sm_90 SASS, 8 x 512: 4.9), more rows in 128 x 128
     tensor-core tiles (4.2; 16 x 512 takes 17.5)."""
     block_n, block_k = (16, 512) if m == 1 else (128, 128)
-    tiles = triton.cdiv(n, block_n)
-    split_k = 1
-    while tiles * split_k < 256 and split_k < 8 and triton.cdiv(k, block_k) >= 4 * split_k:
-        split_k *= 2
+    split_k = default_split_k(triton.cdiv(n, block_n), triton.cdiv(k, block_k), 4)
     return GemvConfig(block_n, block_k, split_k, num_warps=4, num_stages=3, dot=m > 1)
 
 
@@ -88,14 +88,8 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr, count_p
                      PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = tl.minimum(offs_n, N - 1).to(tl.int64)   # rows past N re-read row N - 1, dropped
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_k = tl.arange(0, BLOCK_K)
-    w_gate = w_ptr + rows[:, None] * K + offs_k[None, :]
-    w_up = w_ptr + (rows + N)[:, None] * K + offs_k[None, :]
-    x_tile = x_ptr + offs_m[:, None] * K + offs_k[None, :]
-    m_mask = offs_m[:, None] < M
+    offs_n, rows, offs_m, offs_k, w_gate, w_up, x_tile, m_mask = row_tiles(
+        x_ptr, w_ptr, pid_n, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
 
     wait_for_previous_grid(PDL)
     # per-token scale over the whole row, as quantization/fp8.quantize_rows
@@ -108,26 +102,10 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr, count_p
     # which moves an e4m3 rounding only at a tie boundary (rare, one ulp of one element)
     x_inv = tl.div_rn(tl.full(x_scale.shape, 1.0, tl.float32), x_scale)
 
-    chunks_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
-    k_start = pid_k * chunks_per_split * BLOCK_K
-    k_end = tl.minimum(k_start + chunks_per_split * BLOCK_K, K)
-    if USE_DOT:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    acc_up = tl.zeros_like(acc)
+    k_start, k_end = split_k_range(pid_k, K, BLOCK_K, SPLIT_K)
+    acc, acc_up = zero_accumulators(USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
     for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
-        if EVEN_K:
-            x = tl.load(x_tile + k, mask=m_mask, other=0.0)
-            w = tl.load(w_gate + k)
-            if GATED:
-                w2 = tl.load(w_up + k)
-        else:
-            k_mask = offs_k[None, :] < K - k
-            x = tl.load(x_tile + k, mask=m_mask & k_mask, other=0.0)
-            w = tl.load(w_gate + k, mask=k_mask, other=0.0)
-            if GATED:
-                w2 = tl.load(w_up + k, mask=k_mask, other=0.0)
+        x, w, w2 = load_k_tile(x_tile, w_gate, w_up, k, offs_k, m_mask, K, GATED, EVEN_K)
         xq = tl.clamp(x.to(tl.float32) * x_inv[:, None], -FP8_MAX, FP8_MAX)
         xq = xq.to(tl.float8e4nv).to(tl.float32)
         if USE_DOT:
@@ -139,12 +117,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr, count_p
             acc += w.to(tl.float32) * xq
             if GATED:
                 acc_up += w2.to(tl.float32) * xq
-    if USE_DOT:
-        out = acc
-        out_up = acc_up
-    else:   # one row: one cross-K reduction for the whole loop
-        out = tl.sum(acc, axis=1, keep_dims=True)
-        out_up = tl.sum(acc_up, axis=1, keep_dims=True)
+    out, out_up = reduce_accumulators(acc, acc_up, USE_DOT)
     out = out * x_scale[None, :] * tl.load(ws_ptr + rows)[:, None]
     if GATED:
         out_up = out_up * x_scale[None, :] * tl.load(ws_ptr + rows + N)[:, None]
@@ -172,17 +145,11 @@ def supports(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
 
 def _launch(x, weight, weight_scale, bias, n, gated, config):
     k = weight.shape[1]
-    x2 = x.reshape(-1, k).contiguous()
+    x2 = as_rows(x, k, MAX_ROWS)
     m = x2.shape[0]
-    assert 1 <= m <= MAX_ROWS, f"{m} rows: the GEMV handles 1..{MAX_ROWS}"
     cfg = config or select_config(m, n, k, gated)
     assert cfg.dot or m == 1, "the CUDA-core path computes one row; more need dot=True"
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    tiles = triton.cdiv(n, cfg.block_n)
-    if cfg.split_k > 1:
-        partials, counts = workspace(x.device, n, tiles, cfg.split_k, gated)
-    else:
-        partials, counts = y, y   # unused
+    y, tiles, partials, counts = launch_buffers(x, m, n, cfg, gated)
     _fp8_gemv_kernel[(tiles, cfg.split_k)](
         x2, weight, weight_scale, bias if bias is not None else weight_scale, y, partials,
         counts, m, n, k, HAS_BIAS=bias is not None, GATED=gated, USE_DOT=cfg.dot,

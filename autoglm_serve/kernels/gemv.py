@@ -104,11 +104,17 @@ def default_config(m: int, n: int, k: int, dtype: torch.dtype) -> GemvConfig:
         block_n = 16 if n >= 16 * 512 else 8
     else:
         block_n = 16
-    tiles = triton.cdiv(n, block_n)
-    split_k = 1
-    while tiles * split_k < 256 and split_k < 8 and triton.cdiv(k, block_k) >= 8 * split_k:
-        split_k *= 2
+    split_k = default_split_k(triton.cdiv(n, block_n), triton.cdiv(k, block_k), 8)
     return GemvConfig(block_n, block_k, split_k, num_warps=4, num_stages=3, dot=m > 1)
+
+
+def default_split_k(tiles: int, k_chunks: int, min_chunks_per_split: int) -> int:
+    """The untuned split-K of the GEMVs here and in the quantized ones: doubled (up to 8) while
+    the tiles give fewer than 256 programs and each split keeps ``min_chunks_per_split`` chunks."""
+    split_k = 1
+    while tiles * split_k < 256 and split_k < 8 and k_chunks >= min_chunks_per_split * split_k:
+        split_k *= 2
+    return split_k
 
 
 def _tuned_key(m: int, n: int, k: int, dtype: torch.dtype, gated: bool):
@@ -137,6 +143,79 @@ def _write_output(y_ptr, bias_ptr, out, out_up, rows, y_offs, y_mask,
 
 
 @triton.jit
+def row_tiles(x_ptr, w_ptr, pid_n, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr):
+    """Program pid_n's offsets, weight rows and first-tile pointers for a row-major [N, K]
+    weight (GATED: [2N, K], up rows at N + n) and x [M, K]: (offs_n, rows, offs_m, offs_k,
+    w_gate, w_up, x_tile, m_mask). Shared by the FP8 GEMV."""
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # rows past N re-read row N - 1: the weight loads need no mask, those results are dropped
+    rows = tl.minimum(offs_n, N - 1).to(tl.int64)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    w_gate = w_ptr + rows[:, None] * K + offs_k[None, :]
+    w_up = w_ptr + (rows + N)[:, None] * K + offs_k[None, :]
+    x_tile = x_ptr + offs_m[:, None] * K + offs_k[None, :]
+    m_mask = offs_m[:, None] < M
+    return offs_n, rows, offs_m, offs_k, w_gate, w_up, x_tile, m_mask
+
+
+@triton.jit
+def zero_accumulators(USE_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+    """fp32 (gate, up) accumulators: [BLOCK_N, BLOCK_M] for tl.dot, else [BLOCK_N, BLOCK_K]
+    (one row, products summed elementwise and reduced across K once, after the loop)."""
+    if USE_DOT:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    return acc, tl.zeros_like(acc)
+
+
+@triton.jit
+def reduce_accumulators(acc, acc_up, USE_DOT: tl.constexpr):
+    """The [BLOCK_N, BLOCK_M] results of ``zero_accumulators``' tiles."""
+    if USE_DOT:
+        out = acc
+        out_up = acc_up
+    else:   # BLOCK_M == 1: one cross-K reduction for the whole loop
+        out = tl.sum(acc, axis=1, keep_dims=True)
+        out_up = tl.sum(acc_up, axis=1, keep_dims=True)
+    return out, out_up
+
+
+@triton.jit
+def split_k_range(pid_k, K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """[k_start, k_end) of program pid_k: the s-th of SPLIT_K runs of equally many K chunks.
+    Shared by the quantized GEMVs."""
+    chunks_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
+    k_start = pid_k * chunks_per_split * BLOCK_K
+    k_end = tl.minimum(k_start + chunks_per_split * BLOCK_K, K)
+    return k_start, k_end
+
+
+@triton.jit
+def load_k_tile(x_tile, w_gate, w_up, k, offs_k, m_mask, K, GATED: tl.constexpr,
+                EVEN_K: tl.constexpr):
+    """(x, gate weight, up weight) tiles at K offset k, masked past K unless EVEN_K; without
+    GATED the up tile is the gate's (unused). Shared by the FP8 GEMV."""
+    if EVEN_K:
+        x = tl.load(x_tile + k, mask=m_mask, other=0.0)
+        w = tl.load(w_gate + k)
+        w2 = w
+        if GATED:
+            w2 = tl.load(w_up + k)
+    else:
+        k_mask = offs_k[None, :] < K - k
+        x = tl.load(x_tile + k, mask=m_mask & k_mask, other=0.0)
+        w = tl.load(w_gate + k, mask=k_mask, other=0.0)
+        w2 = w
+        if GATED:
+            w2 = tl.load(w_up + k, mask=k_mask, other=0.0)
+    return x, w, w2
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr, M, N, K,
                  HAS_BIAS: tl.constexpr, GATED: tl.constexpr, USE_DOT: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -147,38 +226,15 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr, M, N, K,
     y = silu(x @ w[:N]^T) * (x @ w[N:]^T)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    # rows past N re-read row N - 1: the weight loads need no mask, those results are dropped
-    rows = tl.minimum(offs_n, N - 1).to(tl.int64)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_k = tl.arange(0, BLOCK_K)
-    w_gate = w_ptr + rows[:, None] * K + offs_k[None, :]
-    w_up = w_ptr + (rows + N)[:, None] * K + offs_k[None, :]
-    x_tile = x_ptr + offs_m[:, None] * K + offs_k[None, :]
-    m_mask = offs_m[:, None] < M
+    offs_n, rows, offs_m, offs_k, w_gate, w_up, x_tile, m_mask = row_tiles(
+        x_ptr, w_ptr, pid_n, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
 
-    chunks_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
-    k_start = pid_k * chunks_per_split * BLOCK_K
-    k_end = tl.minimum(k_start + chunks_per_split * BLOCK_K, K)
+    k_start, k_end = split_k_range(pid_k, K, BLOCK_K, SPLIT_K)
     wait_for_previous_grid(PDL)
-    if USE_DOT:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    acc_up = tl.zeros_like(acc)
+    acc, acc_up = zero_accumulators(USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
     # num_stages on the loop itself: Triton then pipelines loads that feed no tl.dot (one row)
     for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
-        if EVEN_K:
-            x = tl.load(x_tile + k, mask=m_mask, other=0.0)
-            w = tl.load(w_gate + k)
-            if GATED:
-                w2 = tl.load(w_up + k)
-        else:
-            k_mask = offs_k[None, :] < K - k
-            x = tl.load(x_tile + k, mask=m_mask & k_mask, other=0.0)
-            w = tl.load(w_gate + k, mask=k_mask, other=0.0)
-            if GATED:
-                w2 = tl.load(w_up + k, mask=k_mask, other=0.0)
+        x, w, w2 = load_k_tile(x_tile, w_gate, w_up, k, offs_k, m_mask, K, GATED, EVEN_K)
         if USE_DOT:
             xt = tl.trans(x)
             acc = tl.dot(w, xt, acc, input_precision="ieee")
@@ -189,13 +245,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr, M, N, K,
             acc += w.to(tl.float32) * xf
             if GATED:
                 acc_up += w2.to(tl.float32) * xf
-    if USE_DOT:
-        out = acc
-        out_up = acc_up
-    else:   # BLOCK_M == 1: one cross-K reduction for the whole loop
-        out = tl.sum(acc, axis=1, keep_dims=True)
-        out_up = tl.sum(acc_up, axis=1, keep_dims=True)
-
+    out, out_up = reduce_accumulators(acc, acc_up, USE_DOT)
     finish_split_k(y_ptr, bias_ptr, partial_ptr, count_ptr, out, out_up, rows, offs_m, offs_n,
                    pid_n, pid_k, M, N, HAS_BIAS, GATED, SPLIT_K)
 
@@ -248,6 +298,26 @@ def workspace(device, n: int, tiles: int, split_k: int, gated: bool):
     return _workspaces[key]
 
 
+def as_rows(x: torch.Tensor, k: int, max_rows: int) -> torch.Tensor:
+    """x [..., K] as contiguous [M, K] rows, 1 <= M <= max_rows."""
+    x2 = x.reshape(-1, k).contiguous()
+    m = x2.shape[0]
+    assert 1 <= m <= max_rows, f"{m} rows: the GEMV handles 1..{max_rows}"
+    return x2
+
+
+def launch_buffers(x: torch.Tensor, m: int, n: int, cfg: GemvConfig, gated: bool):
+    """(y [m, n], tiles of N, split-K partials, counters) of one launch; without split-K the
+    kernel takes y in place of the (unused) workspace."""
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    tiles = triton.cdiv(n, cfg.block_n)
+    if cfg.split_k > 1:
+        partials, counts = workspace(x.device, n, tiles, cfg.split_k, gated)
+    else:
+        partials, counts = y, y   # unused
+    return y, tiles, partials, counts
+
+
 def supports(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
              gated: bool = False) -> bool:
     """Whether ``gemv(x, weight, bias)`` (``gated_gemv(x, weight)``) handles these tensors and is
@@ -272,17 +342,11 @@ def supports(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, n: int,
             gated: bool, config: GemvConfig | None) -> torch.Tensor:
     k = weight.shape[1]
-    x2 = x.reshape(-1, k).contiguous()
+    x2 = as_rows(x, k, MAX_ROWS)
     m = x2.shape[0]
-    assert 1 <= m <= MAX_ROWS, f"{m} rows: the GEMV handles 1..{MAX_ROWS}"
     cfg = config or select_config(m, n, k, x.dtype, gated)
     assert cfg.dot or m == 1, "the CUDA-core path computes one row; more need dot=True"
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    tiles = triton.cdiv(n, cfg.block_n)
-    if cfg.split_k > 1:
-        partials, counts = workspace(x.device, n, tiles, cfg.split_k, gated)
-    else:
-        partials, counts = y, y   # unused
+    y, tiles, partials, counts = launch_buffers(x, m, n, cfg, gated)
     _gemv_kernel[(tiles, cfg.split_k)](
         x2, weight, bias if bias is not None else weight, y, partials, counts, m, n, k,
         HAS_BIAS=bias is not None, GATED=gated, USE_DOT=cfg.dot,

@@ -33,7 +33,8 @@ import triton
 import triton.language as tl
 
 from autoglm_serve.kernels import pdl
-from autoglm_serve.kernels.gemv import GemvConfig, finish_split_k, rows_bucket, workspace
+from autoglm_serve.kernels.gemv import (GemvConfig, as_rows, default_split_k, finish_split_k,
+                                        launch_buffers, rows_bucket, split_k_range)
 from autoglm_serve.kernels.pdl import wait_for_previous_grid
 
 ENABLED = True
@@ -73,10 +74,7 @@ def default_config(m: int, n: int, k: int, group: int) -> GemvConfig:
     (6.7 per weight, whatever the rows; 16 x 256 takes 23, and the CUDA-core path 13 at 2
     rows, 39 at 8)."""
     block_n, block_k = 64, 128
-    tiles = triton.cdiv(n, block_n)
-    split_k = 1
-    while tiles * split_k < 256 and split_k < 8 and triton.cdiv(k, block_k) >= 4 * split_k:
-        split_k *= 2
+    split_k = default_split_k(triton.cdiv(n, block_n), triton.cdiv(k, block_k), 4)
     return GemvConfig(block_n, block_k, split_k, num_warps=4, num_stages=3, dot=m > 1)
 
 
@@ -180,9 +178,7 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
     x_base = x_ptr + offs_m[:, None] * K + (offs_w * 8)[None, :]
     m_mask = offs_m[:, None] < M
 
-    chunks_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
-    k_start = pid_k * chunks_per_split * BLOCK_K
-    k_end = tl.minimum(k_start + chunks_per_split * BLOCK_K, K)
+    k_start, k_end = split_k_range(pid_k, K, BLOCK_K, SPLIT_K)
     wait_for_previous_grid(PDL)
     for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
         w_mask = wo < words - k // 8
@@ -239,18 +235,12 @@ def supports(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits:
 
 def _launch(x, qweight, scales, zeros, group, bias, n, gated, config):
     k = x.shape[-1]
-    x2 = x.reshape(-1, k).contiguous()
+    x2 = as_rows(x, k, MAX_ROWS)
     m = x2.shape[0]
-    assert 1 <= m <= MAX_ROWS, f"{m} rows: the GEMV handles 1..{MAX_ROWS}"
     cfg = config or select_config(m, n, k, group, gated)
     assert cfg.block_k % 8 == 0 and cfg.block_k >= 16
     assert not cfg.dot or (cfg.block_k >= 128 and cfg.block_n >= 16), "tl.dot tiles are >= 16"
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    tiles = triton.cdiv(n, cfg.block_n)
-    if cfg.split_k > 1:
-        partials, counts = workspace(x.device, n, tiles, cfg.split_k, gated)
-    else:
-        partials, counts = y, y   # unused
+    y, tiles, partials, counts = launch_buffers(x, m, n, cfg, gated)
     block_m = max(DOT_MIN_ROWS, triton.next_power_of_2(m)) if cfg.dot \
         else triton.next_power_of_2(m)
     _w4a16_gemv_kernel[(tiles, cfg.split_k)](

@@ -60,6 +60,15 @@ def random_fp8(n, k, device, gen):
     return q.to(device), s.view(-1).to(device)
 
 
+def _tuned(table):
+    """(key, config, weight rows) of each config of a TUNED table (None: not the GEMV, skipped),
+    the rows cut to two tiles of N and a partial one; the key's M and K stay."""
+    for key, cfg in table.items():
+        if cfg is not None:
+            n_small = min(key[2], 2 * cfg.block_n + 3)
+            yield key, cfg, 2 * n_small if key[0] == "gated" else n_small
+
+
 def w4a16_cases(device, dtype):
     """(name, x, (qweight, scales, zeros), group, bias, gated, config)."""
     gen = torch.Generator().manual_seed(0)
@@ -75,15 +84,11 @@ def w4a16_cases(device, dtype):
                       (f"{m} rows, group {group}, gated split-K", x,
                        random_w4(144, 1024, group, zeros, dtype, device, gen), group, None, True,
                        split)]
-    for (kind, m, n, k, group), cfg in w4a16_gemv.TUNED.items():
-        if cfg is None:
-            continue
-        gated = kind == "gated"
-        n_small = min(n, 2 * cfg.block_n + 3)    # a partial tile too
+    for (kind, m, n, k, group), cfg, rows in _tuned(w4a16_gemv.TUNED):
         cases.append((f"tuned {kind} {m}x{n}x{k}/{group}",
                       torch.randn(m, k, generator=gen).to(device, dtype),
-                      random_w4(2 * n_small if gated else n_small, k, group, True, dtype, device,
-                                gen), group, None, gated, cfg))
+                      random_w4(rows, k, group, True, dtype, device, gen), group, None,
+                      kind == "gated", cfg))
     return cases
 
 
@@ -101,14 +106,10 @@ def fp8_cases(device, dtype):
                    random_fp8(100, 1000, device, gen), None, False, None),
                   (f"{m} rows, gated split-K", x, random_fp8(144, 1024, device, gen), None, True,
                    split)]
-    for (kind, m, n, k), cfg in fp8_gemv.TUNED.items():
-        if cfg is None:
-            continue
-        gated = kind == "gated"
-        n_small = min(n, 2 * cfg.block_n + 3)
+    for (kind, m, n, k), cfg, rows in _tuned(fp8_gemv.TUNED):
         x = torch.randn(m, k, generator=gen).to(device, dtype)
-        weight = random_fp8(2 * n_small if gated else n_small, k, device, gen)
-        cases.append((f"tuned {kind} {m}x{n}x{k}", x, weight, None, gated, cfg))
+        cases.append((f"tuned {kind} {m}x{n}x{k}", x, random_fp8(rows, k, device, gen), None,
+                      kind == "gated", cfg))
     return cases
 
 
@@ -117,25 +118,36 @@ def _rel_err(got, want) -> float:
     return ((got.float() - want).norm() / want.norm().clamp_min(1e-6)).item()
 
 
+def _check(kernel, runs, what, reference, fallback) -> bool:
+    """Compares each (name, kernel output, reference output) of ``runs``; on a compile or
+    launch failure or a disagreement sets ``kernel.ENABLED = False`` (``fallback`` then runs).
+    Returns ``kernel.ENABLED``."""
+    try:
+        for name, got, want in runs:
+            err = _rel_err(got, want)
+            if not err < 2e-2:
+                logger.warning("%s disagrees with %s (%s: relative error %.3g): using %s", what,
+                               reference, name, err, fallback)
+                kernel.ENABLED = False
+                break
+    except Exception as exc:
+        logger.warning("%s disabled: %r", what, exc)
+        kernel.ENABLED = False
+    return kernel.ENABLED
+
+
 def check_w4a16_gemv(device: torch.device, dtype: torch.dtype) -> bool:
     """Sets ``w4a16_gemv.ENABLED = False`` (kernels/wna16.py then runs) on a compile or launch
     failure or a disagreement; returns ``ENABLED``."""
     if dtype not in w4a16_gemv.DTYPES:
         return w4a16_gemv.ENABLED
-    try:
+
+    def runs():   # a generator: the cases are drawn inside _check's try
         for name, x, (qw, s, z), group, bias, gated, cfg in w4a16_cases(device, dtype):
             got = (w4a16_gemv.w4a16_gated_gemv(x, qw, s, z, group, cfg) if gated
                    else w4a16_gemv.w4a16_gemv(x, qw, s, z, group, bias, cfg))
-            err = _rel_err(got, w4a16_reference(x, qw, s, z, group, bias, gated))
-            if not err < 2e-2:
-                logger.warning("W4A16 GEMV disagrees with dequantize-then-matmul (%s: relative "
-                               "error %.3g): using the GEMM kernel", name, err)
-                w4a16_gemv.ENABLED = False
-                break
-    except Exception as exc:
-        logger.warning("W4A16 GEMV disabled: %r", exc)
-        w4a16_gemv.ENABLED = False
-    return w4a16_gemv.ENABLED
+            yield name, got, w4a16_reference(x, qw, s, z, group, bias, gated)
+    return _check(w4a16_gemv, runs(), "W4A16 GEMV", "dequantize-then-matmul", "the GEMM kernel")
 
 
 def check_fp8_gemv(device: torch.device, dtype: torch.dtype) -> bool:
@@ -143,20 +155,13 @@ def check_fp8_gemv(device: torch.device, dtype: torch.dtype) -> bool:
     disagreement; returns ``ENABLED``."""
     if dtype not in fp8_gemv.DTYPES:
         return fp8_gemv.ENABLED
-    try:
+
+    def runs():
         for name, x, (w, ws), bias, gated, cfg in fp8_cases(device, dtype):
             got = (fp8_gemv.fp8_gated_gemv(x, w, ws, cfg) if gated
                    else fp8_gemv.fp8_gemv(x, w, ws, bias, cfg))
-            err = _rel_err(got, fp8_reference(x, w, ws, bias, gated))
-            if not err < 2e-2:
-                logger.warning("FP8 GEMV disagrees with the W8A8 reference (%s: relative error "
-                               "%.3g): using _scaled_mm", name, err)
-                fp8_gemv.ENABLED = False
-                break
-    except Exception as exc:
-        logger.warning("FP8 GEMV disabled: %r", exc)
-        fp8_gemv.ENABLED = False
-    return fp8_gemv.ENABLED
+            yield name, got, fp8_reference(x, w, ws, bias, gated)
+    return _check(fp8_gemv, runs(), "FP8 GEMV", "the W8A8 reference", "_scaled_mm")
 
 
 def check_decode_kernels(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:

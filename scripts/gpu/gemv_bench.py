@@ -24,7 +24,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -38,13 +37,11 @@ sys.path.insert(0, ROOT)
 from autoglm_serve.kernels import gemv  # noqa: E402
 from autoglm_serve.kernels.gemv import GemvConfig  # noqa: E402
 from autoglm_serve.models.layers.activation import SiluAndMul  # noqa: E402
+from gemv_sweep import copies_past_l2, splits_for, time_calls  # noqa: E402
 
 DEVICE = "cuda"
 DTYPE = torch.bfloat16
 LAYERS = 40
-L2_BYTES = 50 << 20
-GRAPH_SECONDS = 2e-3        # aim for ~2 ms of GEMMs per graph replay
-REPLAYS = 7
 MAX_SMEM = 200 << 10        # leave headroom under the 227 KB a Hopper block may use
 
 
@@ -75,31 +72,6 @@ SHAPES = [Shape("gate_up+silu", 13696, 4096, gated=True), Shape("down", 4096, 13
           Shape("o_proj", 4096, 4096)]
 
 
-# ---- timing ----------------------------------------------------------------------------------
-
-def time_calls(calls: list, est_seconds: float) -> float:
-    """Seconds per call: a CUDA graph launching the calls round-robin, replayed REPLAYS times."""
-    for call in calls:
-        call()                        # compile, allocate workspaces: outside the capture
-    per_graph = len(calls) * max(1, math.ceil(GRAPH_SECONDS / est_seconds / len(calls)))
-    per_graph = min(per_graph, max(len(calls), 400))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(per_graph):
-            calls[i % len(calls)]()
-    graph.replay()
-    times = []
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / per_graph)
-    del graph
-    return statistics.median(times)
-
-
 def rel_err(a, b) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
@@ -109,14 +81,6 @@ def rel_err(a, b) -> float:
 def smem_bytes(cfg: GemvConfig, m: int, shape: Shape) -> int:
     rows = cfg.block_n * (2 if shape.gated else 1) + (max(8, m) if cfg.dot else 1)
     return (cfg.num_stages - 1) * rows * cfg.block_k * DTYPE.itemsize
-
-
-def splits_for(tiles: int, chunks: int) -> list[int]:
-    """Split-K only while the tiles alone are few for 132 SMs: 128..1024 programs, >= 2 K
-    chunks per split."""
-    if tiles >= 512:
-        return [1]
-    return [s for s in (1, 2, 4, 8) if 128 <= tiles * s <= 1024 and chunks >= 2 * s]
 
 
 def tile_grid(m: int, shape: Shape, quick: bool) -> list[GemvConfig]:
@@ -176,7 +140,7 @@ class Bench:
 
     def run_shape(self, shape: Shape) -> list[dict]:
         nbytes = shape.weight_bytes()
-        copies = max(2, math.ceil(3 * L2_BYTES / nbytes))
+        copies = copies_past_l2(nbytes)
         gen = torch.Generator(device=DEVICE).manual_seed(0)
         weights = [torch.randn(shape.weight_rows, shape.k, device=DEVICE, dtype=DTYPE,
                                generator=gen) * shape.k ** -0.5 for _ in range(copies)]

@@ -30,7 +30,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 import types
@@ -44,11 +43,9 @@ if "--smoke" in sys.argv:        # before triton is imported
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from gemv_sweep import copies_past_l2, splits_for, time_calls  # noqa: E402
 
 LAYERS = 40
-L2_BYTES = 50 << 20
-GRAPH_SECONDS = 2e-3
-REPLAYS = 7
 DTYPE = torch.bfloat16
 GROUP = 128
 
@@ -77,48 +74,11 @@ SMOKE_SHAPES = [Shape("gate_up+silu", 24, 256, gated=True), Shape("qkv", 40, 320
 LM_HEAD = Shape("lm_head", 151552, 4096)
 
 
-# ---- timing ------------------------------------------------------------------------------------
-
-def time_calls(calls: list, est_seconds: float, smoke: bool) -> float:
-    """Seconds per call: a CUDA graph launching the calls round-robin, replayed REPLAYS times
-    (smoke: one wall-clock call)."""
-    for call in calls:
-        call()                        # compile, allocate workspaces: outside the capture
-    if smoke:
-        t0 = time.perf_counter()
-        calls[0]()
-        return time.perf_counter() - t0
-    per_graph = len(calls) * max(1, math.ceil(GRAPH_SECONDS / est_seconds / len(calls)))
-    per_graph = min(per_graph, max(len(calls), 400))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(per_graph):
-            calls[i % len(calls)]()
-    graph.replay()
-    times = []
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / per_graph)
-    del graph
-    return statistics.median(times)
-
-
 def rel_err(a, b) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-9)).item()
 
 
 # ---- config grids ------------------------------------------------------------------------------
-
-def splits_for(tiles: int, chunks: int) -> list[int]:
-    """Split-K only while the tiles alone are few for 132 SMs: 128..1024 programs."""
-    if tiles >= 512:
-        return [1]
-    return [s for s in (1, 2, 4, 8) if 128 <= tiles * s <= 1024 and chunks >= 2 * s]
-
 
 def fits(cfg, m: int, shape: Shape, kind: str) -> bool:
     """The fp32 accumulators a thread holds on CUDA cores (W4A16: one per packed word and row;
@@ -194,7 +154,7 @@ class Bench:
         return time.monotonic() - self.start
 
     def copies(self, nbytes: int) -> int:
-        return 1 if self.args.smoke else max(2, math.ceil(3 * L2_BYTES / nbytes))
+        return 1 if self.args.smoke else copies_past_l2(nbytes)
 
     def run_shape(self, shape: Shape) -> list[dict]:
         from autoglm_serve.kernels import fp8_gemv, fp8_quant, gemv, w4a16_gemv
@@ -208,11 +168,11 @@ class Bench:
         gen = torch.Generator(device=dev).manual_seed(0)
         bf16_bytes = shape.rows * shape.k * 2
         w4 = random_w4(shape.rows, shape.k, group, True, DTYPE, dev, gen)
-        w4_bytes = sum(t.numel() * t.element_size() for t in w4)
-        w4s = [w4] + [tuple(t.clone() for t in w4) for _ in range(self.copies(w4_bytes) - 1)]
+        w4_bytes = total_bytes(w4)
+        w4s = with_clones(w4, self.copies(w4_bytes))
         f8 = random_fp8(shape.rows, shape.k, dev, gen)
-        f8_bytes = sum(t.numel() * t.element_size() for t in f8)
-        f8s = [f8] + [tuple(t.clone() for t in f8) for _ in range(self.copies(f8_bytes) - 1)]
+        f8_bytes = total_bytes(f8)
+        f8s = with_clones(f8, self.copies(f8_bytes))
         w16 = [(fp8_reference_weight(f8)).to(DTYPE) for _ in range(self.copies(bf16_bytes))]
         bias = (torch.randn(shape.n, generator=gen, device=dev).to(DTYPE) if shape.bias
                 else None)
@@ -243,31 +203,23 @@ class Bench:
             base("fp8_scaled_mm_fused_quant",
                  lambda w: post(scaled_mm(x, w, bias, fp8_quant.quantize_rows)), f8_bytes, f8s)
 
-            w4_ref = w4a16_reference(x, *w4, group, bias, shape.gated)
-
             def w4_call(cfg, w):
                 if shape.gated:
                     return w4a16_gemv.w4a16_gated_gemv(x, w[0], w[1], w[2], group, cfg)
                 return w4a16_gemv.w4a16_gemv(x, w[0], w[1], w[2], group, bias, cfg)
-            default = w4a16_gemv.default_config(m, shape.n, shape.k, group)
             timed = self.sweep_kernel(
-                "w4", [default] + grid("w4", m, shape, args.smoke),
-                lambda cfg: [lambda w=w: w4_call(cfg, w) for w in w4s],
-                lambda cfg: rel_err(w4_call(cfg, w4), w4_ref), w4_bytes / 2.5e12, m, shape,
+                "w4", w4a16_gemv.default_config(m, shape.n, shape.k, group), w4_call, w4s,
+                w4a16_reference(x, *w4, group, bias, shape.gated), w4_bytes / 2.5e12, m, shape,
                 f"w4a16 {shape.name} M={m}")
             rec["w4a16_gemv"] = ranked(timed, w4_bytes)
-
-            f8_ref = fp8_reference(x, *f8, bias, shape.gated)
 
             def f8_call(cfg, w):
                 if shape.gated:
                     return fp8_gemv.fp8_gated_gemv(x, w[0], w[1], cfg)
                 return fp8_gemv.fp8_gemv(x, w[0], w[1], bias, cfg)
-            default = fp8_gemv.default_config(m, shape.n, shape.k)
             timed = self.sweep_kernel(
-                "fp8", [default] + grid("fp8", m, shape, args.smoke),
-                lambda cfg: [lambda w=w: f8_call(cfg, w) for w in f8s],
-                lambda cfg: rel_err(f8_call(cfg, f8), f8_ref), f8_bytes / 3e12, m, shape,
+                "fp8", fp8_gemv.default_config(m, shape.n, shape.k), f8_call, f8s,
+                fp8_reference(x, *f8, bias, shape.gated), f8_bytes / 3e12, m, shape,
                 f"fp8 {shape.name} M={m}")
             rec["fp8_gemv"] = ranked(timed, f8_bytes)
             print_record(rec)
@@ -277,8 +229,17 @@ class Bench:
             torch.cuda.empty_cache()
         return records
 
-    def sweep_kernel(self, kind, configs, run, check, est, m, shape, label):
-        """Stage 1 over tile shapes and split-K; stage 2 over warps x stages for the best two."""
+    def sweep_kernel(self, kind, default, call, weights, reference, est, m, shape, label):
+        """Times ``call(cfg, w)`` round-robin over the weight copies, each config checked on the
+        first copy against ``reference`` first. Stage 1 over the default config, tile shapes and
+        split-K; stage 2 over warps x stages for the best."""
+        configs = [default] + grid(kind, m, shape, self.args.smoke)
+
+        def run(cfg):
+            return [lambda w=w: call(cfg, w) for w in weights]
+
+        def check(cfg):
+            return rel_err(call(cfg, weights[0]), reference)
         timed: dict = {}
         start = self.start_sweep()
         self._measure(configs, run, check, est, label, timed, 1)
@@ -308,6 +269,15 @@ class Bench:
             except Exception as exc:   # out of resources, a compile error: skip the config
                 print(f"    failed {label} {cfg}: {type(exc).__name__}: {str(exc)[:160]}",
                       flush=True)
+
+
+def total_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def with_clones(weights: tuple, copies: int) -> list[tuple]:
+    """``weights`` and copies - 1 clones of its tensors: distinct memory for each launch."""
+    return [weights] + [tuple(t.clone() for t in weights) for _ in range(copies - 1)]
 
 
 def fp8_reference_weight(f8):
