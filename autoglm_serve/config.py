@@ -99,7 +99,9 @@ class EngineConfig:
         if self.dtype != "auto":
             return _DTYPES[self.dtype]
         if device.type == "cpu":
-            return torch.float32   # bf16 matmuls are slow on most CPUs
+            # bf16 where the CPU computes it natively (AVX512-BF16/AMX), as vLLM's CPU backend
+            # does: half the bytes per weight and KV element; elsewhere bf16 matmuls are slow
+            return torch.bfloat16 if torch.cpu._is_avx512_bf16_supported() else torch.float32
         dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
         if isinstance(dtype, str):
             dtype = _DTYPES.get(dtype)

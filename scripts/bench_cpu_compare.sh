@@ -2,12 +2,16 @@
 # Our server and `transformers serve --continuous-batching` on the same CPU, the same model
 # (the embedded SmolLM2-135M-Instruct; a safetensors copy of its GGUF for transformers) and the
 # same dataset, measured with `autoglm-serve bench serve` one server at a time, then drawn on one
-# plot and one table with `autoglm-serve bench compare`.
-#     scripts/bench_cpu_compare.sh [OUT_DIR]
+# plot and one table with `autoglm-serve bench compare`. transformers runs twice: in the
+# checkpoint's float32 and in bfloat16 (our default on a CPU with native bf16), with a KV
+# cache of 32k tokens (its default sizes the cache to the free memory: 14 GB here, and it was
+# killed for memory while another process held 9 GB); ours is 2 GiB.
+#     [PY=path/to/python] scripts/bench_cpu_compare.sh [OUT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-bench_out/cpu_compare}
-PY=.venv/bin/python
+PY=${PY:-.venv/bin/python}
+TRANSFORMERS=$(dirname "$PY")/transformers
 export HF_HUB_OFFLINE=1   # never look a name up on a hub
 mkdir -p "$OUT"
 COPY="$OUT/smollm2-safetensors"
@@ -29,14 +33,17 @@ PID=$!
 wait_health http://127.0.0.1:8101
 $PY -m autoglm_serve bench serve --base-url http://127.0.0.1:8101 --model smollm2 "${BENCH[@]}" \
     --label autoglm-serve --out "$OUT/autoglm-serve" --no-progress
-kill -TERM $PID; wait $PID || true
+kill -TERM $PID 2>/dev/null || true; wait $PID || true
 
-.venv/bin/transformers serve "$COPY" --continuous-batching --port 8102 --host 127.0.0.1 \
-    --device cpu > "$OUT/transformers.log" 2>&1 &
-PID=$!
-wait_health http://127.0.0.1:8102
-$PY -m autoglm_serve bench serve --base-url http://127.0.0.1:8102 --model "$COPY" "${BENCH[@]}" \
-    --label "transformers serve" --out "$OUT/transformers" --no-progress
-kill -TERM $PID; wait $PID || true
+for DTYPE in float32 bfloat16; do
+  "$TRANSFORMERS" serve "$COPY" --continuous-batching --port 8102 --host 127.0.0.1 \
+      --device cpu --dtype $DTYPE --cb-block-size 32 --cb-num-blocks 1024 > "$OUT/transformers-$DTYPE.log" 2>&1 &
+  PID=$!
+  wait_health http://127.0.0.1:8102
+  $PY -m autoglm_serve bench serve --base-url http://127.0.0.1:8102 --model "$COPY" "${BENCH[@]}" \
+      --label "transformers serve $DTYPE" --out "$OUT/transformers-$DTYPE" --no-progress
+  kill -TERM $PID 2>/dev/null || true; wait $PID || true
+done
 
-$PY -m autoglm_serve bench compare "$OUT/autoglm-serve" "$OUT/transformers" --out "$OUT/compare"
+$PY -m autoglm_serve bench compare "$OUT/autoglm-serve" "$OUT/transformers-float32" \
+    "$OUT/transformers-bfloat16" --out "$OUT/compare"

@@ -48,6 +48,15 @@ def default_llm():
 
 
 @pytest.fixture(scope="session")
+def default_llm_float32():
+    """The embedded default in float32, for tests of exact equalities (with transformers in
+    float32, alone against batched): on a CPU with native bf16 the default runs bf16 with 4-bit
+    decode linears for a few rows and dense bf16 for more, whose rounding differs by batch."""
+    from autoglm_serve import LLM
+    return LLM(dtype="float32", max_model_len=2048, num_kv_blocks=256)
+
+
+@pytest.fixture(scope="session")
 def embedded_server():
     """A real server on the embedded default, as a new user starts it (no flags), shared by the
     tests of what a user meets first: the guides' snippet, the dashboard, the notebook."""
