@@ -22,8 +22,11 @@ THINK_TEMPLATE = (
 @pytest.fixture(scope="module")
 def server():
     # max_new_tokens bounds the unbounded chat requests (the LangChain snippet sets no
-    # max_tokens) so the test stays short on a CPU; requests' own max_tokens still win.
-    yield from server_fixture(["--max-model-len", "2048", "--served-model-name", MODEL, "smol",
+    # max_tokens) so the test stays short on a CPU; requests' own max_tokens still win. float32:
+    # these tests compare greedy texts across requests (stream against not, alone against in a
+    # batch), and the CPU's bf16 default rounds differently with the batch and the prefix cache.
+    yield from server_fixture(["--max-model-len", "2048", "--dtype", "float32",
+                               "--served-model-name", MODEL, "smol",
                                "--override-generation-config", '{"max_new_tokens": 48}',
                                "--trust-request-chat-template"])
 
