@@ -56,11 +56,21 @@ def _clip_searched_scale(groups: torch.Tensor, lo: torch.Tensor, hi: torch.Tenso
                          scale_dtype: torch.dtype) -> torch.Tensor:
     """groups [rows, n, size]; lo/hi/scale [rows, n]: the scale of least squared error."""
     qmin, qmax = (float(v) for v in calculate_range(args, groups.device))
+
+    def candidates():   # generated lazily: one candidate's tensors alive at a time
+        for shrink in _SHRINKS:
+            s = calculate_qparams(lo * shrink, hi * shrink, args)[0].to(scale_dtype)
+            sf = s.float().unsqueeze(-1)
+            rounded = torch.clamp(torch.round(groups / sf), qmin, qmax) * sf
+            yield s, (rounded - groups).pow(2).sum(-1)
+    return _least_error(scale, candidates())
+
+
+def _least_error(scale: torch.Tensor, candidates) -> torch.Tensor:
+    """Elementwise, the candidate scale of least error; the first candidate's error is the bar
+    and ``scale`` stands for it (the first candidate is the unsearched scale)."""
     best, best_err = scale, None
-    for shrink in _SHRINKS:
-        s = calculate_qparams(lo * shrink, hi * shrink, args)[0].to(scale_dtype)
-        sf = s.float().unsqueeze(-1)
-        err = (torch.clamp(torch.round(groups / sf), qmin, qmax) * sf - groups).pow(2).sum(-1)
+    for s, err in candidates:
         if best_err is None:
             best_err = err
             continue
@@ -80,17 +90,11 @@ def _fp8_searched_scale(w: torch.Tensor, scale: torch.Tensor, zero_point: torch.
     steps are relative, so the stretch only moves where its grid falls, and on weights that sit
     on a coarse grid already (a 4-bit GGUF's) a well-placed one rounds far less (SmolLM2:
     fp8 weights alone +1.6% perplexity at amax/448, -0.3% searched)."""
-    best, best_err = scale, None
-    for stretch in _FP8_STRETCHES:
-        s = (scale.float() * stretch).to(scale.dtype)
-        err = (quantize_dequantize(w, s, zero_point, args) - w).pow(2).sum(1, keepdim=True)
-        if best_err is None:
-            best_err = err
-            continue
-        better = err < best_err
-        best = torch.where(better, s, best)
-        best_err = torch.where(better, err, best_err)
-    return best
+    def candidates():
+        for stretch in _FP8_STRETCHES:
+            s = (scale.float() * stretch).to(scale.dtype)
+            yield s, (quantize_dequantize(w, s, zero_point, args) - w).pow(2).sum(1, keepdim=True)
+    return _least_error(scale, candidates())
 
 
 def quantize_dequantize(weight: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
