@@ -5,6 +5,7 @@ from pathlib import Path
 
 import torch
 
+from autoglm_serve.engine.core.cpu_threads import size_cpu_threads
 from autoglm_serve.quantize.awq import InputSampler, balance_groups, search_and_apply_scales
 from autoglm_serve.quantize.calibration import calibration_samples
 from autoglm_serve.quantize.checkpoint_writer import write_checkpoint
@@ -34,6 +35,9 @@ def write_quantized_checkpoint(
     """Quantize `model` (a path as `serve` takes it, None for the embedded default, or a loaded
     SourceModel, which is consumed) and write a compressed-tensors checkpoint to `out_dir`.
     The algorithms run in float32 on `device`; the checkpoint is written in `dtype`."""
+    # the engine's thread pool (engine/core/cpu_threads.py): also what makes a calibration's
+    # float32 sums, and so its checkpoint, the same in every entry point on one machine
+    size_cpu_threads(torch.device(device))
     source = model if isinstance(model, SourceModel) else load_source_model(model)
     hf = source.model.to(device=device, dtype=torch.float32)
     ignore = ignored_modules(hf)
