@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from autoglm_serve.models.layers.torch_attention import (IN_PLACE_MIN_TOKENS, MAX_RUNS,
-                                                         TorchAttentionBackend, _block_runs)
+                                                         _block_runs, _decode, _decode_plan)
 
 NUM_BLOCKS, HKV, BS, D, GROUP = 700, 2, 16, 32, 4
 SCALE = D ** -0.5
@@ -38,14 +38,14 @@ def table(kind: str, num: int, gen: torch.Generator) -> list[int]:
 
 @pytest.mark.parametrize("kind", ["runs", "scattered"])
 @pytest.mark.parametrize("seq_lens", [[IN_PLACE_MIN_TOKENS + 1], [3000, 0, 700], [17, 1200],
-                                      [5, 100, 16]])
+                                      [5, 100, 16], [5, 0, 33]])
 def test_decode_matches_sdpa(kind, seq_lens):
     gen = torch.Generator().manual_seed(len(seq_lens) * 7 + seq_lens[0])
     cache = torch.randn(2, NUM_BLOCKS, HKV, BS, D, generator=gen)
     width = max(-(-n // BS) for n in seq_lens) + 2
     tables = torch.tensor([table(kind, width, gen) for _ in seq_lens], dtype=torch.int32)
     q = torch.randn(len(seq_lens), HKV * GROUP, D, generator=gen)
-    got = TorchAttentionBackend._decode(q, cache, tables, seq_lens, GROUP, SCALE)
+    got = _decode(q, cache, _decode_plan(tables, seq_lens, cache), GROUP, SCALE)
     torch.testing.assert_close(got, reference(q, cache, tables, seq_lens), atol=2e-5,
                                rtol=1e-4)
 

@@ -19,7 +19,8 @@ from autoglm_serve.engine.core.input_batch import HostBatch, build_host_batch
 from autoglm_serve.engine.core.kv_cache import BlockTable
 from autoglm_serve.engine.core.prompt_logprobs import PromptLogprobChunk, prompt_logprob_chunks
 from autoglm_serve.engine.core.request import Request
-from autoglm_serve.engine.core.sampler import Sampler, SamplerOutput, SamplingRow
+from autoglm_serve.engine.core.sampler import (Sampler, SamplerOutput, SamplingRow,
+                                               greedy_tokens)
 from autoglm_serve.engine.core.scheduler import ScheduledRequest
 from autoglm_serve.engine.core.token_counts import DeviceTokenCounts
 from autoglm_serve.engine.parallel.layout import SINGLE
@@ -256,7 +257,7 @@ class ModelRunner:
         out = None
         if all(_plain_greedy(r) for r in sampling):
             # the common agent/benchmark case: no per-row tensors to build, one argmax
-            tokens = logits.argmax(dim=-1)
+            tokens = greedy_tokens(logits)
         else:
             rows = [SamplingRow(r.sampling_params, r.prompt_token_ids, r.output_token_ids,
                                 r.generator, r.eos_token_ids, r.num_inflight) for r in sampling]

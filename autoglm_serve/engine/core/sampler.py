@@ -193,6 +193,14 @@ class SamplerOutput:
     logprobs: LogprobsTensors | None
 
 
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """The argmax of each row. On a CPU through max(), which is vectorized there and argmax is
+    not (16 x 49,152 bf16 logits: 0.54 against 2.5 ms); both take the first of tied maxima."""
+    if logits.device.type == "cpu":
+        return logits.max(dim=-1).indices
+    return logits.argmax(dim=-1)
+
+
 def apply_min_tokens(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     # index_fill_ takes a Python scalar; index_put_ would need a value tensor copied from the host.
     if batch.min_tokens_banned is not None:
@@ -339,7 +347,7 @@ class Sampler:
             x = apply_bitmask(x, batch.bitmask)
         x = apply_min_tokens(x, batch)
         x = apply_penalties(x, batch)
-        greedy = x.argmax(dim=-1) if batch.any_greedy else None
+        greedy = greedy_tokens(x) if batch.any_greedy else None
         if batch.all_greedy:
             tokens = greedy
         else:

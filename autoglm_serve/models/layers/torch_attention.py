@@ -2,6 +2,8 @@
 that faster backends are tested against."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -10,16 +12,31 @@ from autoglm_serve.models.layers.attention import AttentionBackend, AttentionMet
 
 def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                    slot_mapping: torch.Tensor) -> None:
-    block_size = kv_cache.shape[3]
+    rows, blocks, offsets = _slots(slot_mapping, kv_cache.shape[3])
+    _store(k, v, kv_cache, rows, blocks, offsets)
+
+
+def _slots(slot_mapping: torch.Tensor, block_size: int):
+    """(rows with a slot, or None for all; their block ids; their offsets in the block)."""
     valid = slot_mapping >= 0
+    rows = None
     if not bool(valid.all()):
-        k, v, slot_mapping = k[valid], v[valid], slot_mapping[valid]
-    blocks = slot_mapping // block_size
-    offsets = slot_mapping % block_size
+        rows = valid.nonzero().squeeze(1)
+        slot_mapping = slot_mapping[rows]
+    return rows, slot_mapping // block_size, slot_mapping % block_size
+
+
+def _store(k, v, kv_cache, rows, blocks, offsets) -> None:
+    if rows is not None:
+        k, v = k[rows], v[rows]
     if kv_cache.dtype == torch.float8_e4m3fn:   # saturate, as the GPU's cast does: not NaN
         k, v = k.clamp(-448.0, 448.0), v.clamp(-448.0, 448.0)
     kv_cache[0, blocks, :, offsets] = k.to(kv_cache.dtype)
     kv_cache[1, blocks, :, offsets] = v.to(kv_cache.dtype)
+
+
+def _write(k, v, kv_cache, plan: "_StepPlan") -> None:
+    _store(k, v, kv_cache, plan.write_rows, plan.write_blocks, plan.write_offsets)
 
 
 def gather_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int):
@@ -33,22 +50,42 @@ def gather_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int):
     return k[:seq_len], v[:seq_len]
 
 
+@dataclass
+class _StepPlan:
+    """What every layer of one step takes from the metadata, derived once, at the first layer:
+    on a CPU each small op costs microseconds, and SmolLM2's 30 layers repeated them all (host
+    lists, the decode mask, the KV write's block ids)."""
+    starts: list[int]
+    seq_lens: list[int]
+    write_rows: torch.Tensor | None     # rows of this step's k/v that have a slot; None: all
+    write_blocks: torch.Tensor
+    write_offsets: torch.Tensor
+    decode: "_DecodePlan | None"
+
+
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
+    def __init__(self):
+        self._plan_meta: AttentionMetadata | None = None
+        self._plan: _StepPlan | None = None
+
+    def _step_plan(self, meta: AttentionMetadata, kv_cache: torch.Tensor) -> _StepPlan:
+        if meta is not self._plan_meta:
+            self._plan_meta, self._plan = meta, _make_plan(meta, kv_cache)
+        return self._plan
+
     def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, scale: float):
-        write_kv_cache(k, v, kv_cache, meta.slot_mapping)
+        plan = self._step_plan(meta, kv_cache)
+        _write(k, v, kv_cache, plan)
         out = torch.empty_like(q)
         num_heads, num_kv_heads = q.shape[1], k.shape[1]
         group = num_heads // num_kv_heads
-        starts = meta.query_start_loc_cpu.tolist()
-        seq_lens = meta.seq_lens_cpu.tolist()
         nd = meta.num_decodes
         if nd > 0:
-            out[:nd] = self._decode(q[:nd], kv_cache, meta.block_tables[:nd], seq_lens[:nd],
-                                    group, scale)
+            out[:nd] = _decode(q[:nd], kv_cache, plan.decode, group, scale)
         for i in range(nd, meta.num_seqs):
-            s, e, seq_len = starts[i], starts[i + 1], seq_lens[i]
+            s, e, seq_len = plan.starts[i], plan.starts[i + 1], plan.seq_lens[i]
             if e == s or seq_len == 0:
                 continue
             ks, vs = gather_kv(kv_cache, meta.block_tables[i], seq_len)
@@ -70,25 +107,80 @@ class TorchAttentionBackend(AttentionBackend):
                                            enable_gqa=group > 1)
         return o.transpose(0, 1).to(q.dtype)
 
-    @staticmethod
-    def _decode(q, kv_cache, block_tables, seq_lens, group, scale):
-        """Long CPU contexts: each sequence read in place (_decode_in_place); otherwise all
-        decodes at once on their gathered blocks."""
-        if q.device.type == "cpu" and max(seq_lens) >= IN_PLACE_MIN_TOKENS:
-            tables = block_tables.tolist()
-            block_size = kv_cache.shape[3]
-            out = [_decode_in_place(q[i], kv_cache, tables[i][:-(-n // block_size)], n, group,
-                                    scale) if n > 0 else torch.zeros_like(q[i])
-                   for i, n in enumerate(seq_lens)]
-            if all(o is not None for o in out):
-                return torch.stack(out)
-        return _decode_gathered(q, kv_cache, block_tables, seq_lens, group, scale)
-
 
 # From this context length a CPU decode reads each sequence's KV blocks where they lie: at
 # 4,000 tokens the copy into a gathered batch cost as much as the attention itself.
 IN_PLACE_MIN_TOKENS = 512
 MAX_RUNS = 16   # runs of consecutive blocks read in place; more fragmented: gathered
+
+
+@dataclass
+class _InPlaceRead:
+    runs: list[tuple[int, int]]     # (first block, count), ascending
+    last: int                       # the sequence's last block ...
+    filled: int                     # ... and how many of its slots hold tokens
+
+
+@dataclass
+class _DecodePlan:
+    """How this step's decode rows read the cache: each in place (long CPU contexts), or all
+    gathered into one batch."""
+    in_place: list[_InPlaceRead | None] | None     # None: gathered; an entry None: seq_len 0
+    num_blocks: int = 0
+    index: torch.Tensor | None = None   # [rows * num_blocks] block ids to gather
+    mask: torch.Tensor | None = None    # [rows, 1, 1, num_blocks * BS] keys each row sees
+    empty_rows: torch.Tensor | None = None  # rows without a key (padding), whose output is 0
+
+
+def _make_plan(meta: AttentionMetadata, kv_cache: torch.Tensor) -> _StepPlan:
+    seq_lens = meta.seq_lens_cpu.tolist()
+    rows, blocks, offsets = _slots(meta.slot_mapping, kv_cache.shape[3])
+    nd = meta.num_decodes
+    decode = _decode_plan(meta.block_tables[:nd], seq_lens[:nd], kv_cache) if nd else None
+    return _StepPlan(meta.query_start_loc_cpu.tolist(), seq_lens, rows, blocks, offsets, decode)
+
+
+def _decode_plan(block_tables, seq_lens: list[int], kv_cache) -> _DecodePlan:
+    block_size = kv_cache.shape[3]
+    if kv_cache.device.type == "cpu" and max(seq_lens) >= IN_PLACE_MIN_TOKENS:
+        reads = _in_place_reads(block_tables.tolist(), seq_lens, block_size)
+        if reads is not None:
+            return _DecodePlan(in_place=reads)
+    num_blocks = -(-max(seq_lens) // block_size)
+    if num_blocks == 0:
+        return _DecodePlan(in_place=None)
+    device = block_tables.device
+    lens = torch.tensor(seq_lens, device=device)
+    mask = torch.arange(num_blocks * block_size, device=device)[None, :] < lens[:, None]
+    return _DecodePlan(
+        in_place=None, num_blocks=num_blocks,
+        index=block_tables[:, :num_blocks].clamp(min=0).reshape(-1).long(),
+        mask=mask[:, None, None, :],
+        empty_rows=(lens == 0).nonzero().squeeze(1) if min(seq_lens) == 0 else None)
+
+
+def _in_place_reads(tables: list[list[int]], seq_lens: list[int],
+                    block_size: int) -> list[_InPlaceRead | None] | None:
+    """Each row's runs of blocks, or None when a row's are too scattered for that to pay."""
+    reads = []
+    for table, n in zip(tables, seq_lens):
+        if n == 0:
+            reads.append(None)
+            continue
+        blocks = table[:-(-n // block_size)]
+        runs = _block_runs(blocks)
+        if len(runs) > MAX_RUNS:
+            return None
+        reads.append(_InPlaceRead(runs, blocks[-1], n - (len(blocks) - 1) * block_size))
+    return reads
+
+
+def _decode(q, kv_cache, plan: _DecodePlan, group: int, scale: float) -> torch.Tensor:
+    if plan.in_place is not None:
+        return torch.stack([_decode_in_place(q[i], kv_cache, read, group, scale)
+                            if read is not None else torch.zeros_like(q[i])
+                            for i, read in enumerate(plan.in_place)])
+    return _decode_gathered(q, kv_cache, plan, group, scale)
 
 
 def _block_runs(blocks: list[int]) -> list[tuple[int, int]]:
@@ -108,26 +200,22 @@ def _matmul_dtype(kv_cache: torch.Tensor, q: torch.Tensor) -> torch.dtype:
     return q.dtype if kv_cache.dtype == torch.float8_e4m3fn else kv_cache.dtype
 
 
-def _decode_in_place(q, kv_cache, blocks: list[int], seq_len: int, group: int, scale: float):
+def _decode_in_place(q, kv_cache, read: _InPlaceRead, group: int, scale: float):
     """One sequence's decode over slices of the cache, no copy of K or V. Attention does not
     depend on the order of its keys (their positions are in them already, by RoPE), so the
     blocks are taken in id order: the allocator hands out and frees blocks in runs, and each
-    run is one view. Only the last block's unwritten slots are masked. None when the blocks
-    are too scattered for that to pay.
+    run is one view. Only the last block's unwritten slots are masked.
 
     A run [c, Hkv, BS, D] is contiguous, so it meets every query head in one GEMM, and each
     query head keeps its own KV head's scores (the diagonal): 3x the flops of per-head
     products, but one large matmul instead of c * Hkv tiny ones (at 4,000 tokens, bf16, one
     thread: ~0.4 against 1.8 ms a layer). V is met the same way, the other heads' weights zero."""
-    runs = _block_runs(blocks)
-    if len(runs) > MAX_RUNS:
-        return None
     block_size, hkv, d = kv_cache.shape[3], kv_cache.shape[2], kv_cache.shape[4]
-    last, filled = blocks[-1], seq_len - (len(blocks) - 1) * block_size
+    last, filled = read.last, read.filled
     dtype = _matmul_dtype(kv_cache, q)
     qt = q.to(dtype).T                                                     # [D, Hq]
     parts = []
-    for first, count in runs:
+    for first, count in read.runs:
         k = kv_cache[0, first:first + count].reshape(-1, d).to(dtype)      # [c*Hkv*BS, D]
         every = (k @ qt).float().view(count, hkv, block_size, hkv, group)
         own = torch.diagonal(every, dim1=1, dim2=3).permute(3, 2, 0, 1)    # [Hkv, G, c, BS]
@@ -139,7 +227,7 @@ def _decode_in_place(q, kv_cache, blocks: list[int], seq_len: int, group: int, s
     probs = torch.softmax(scores.mul_(scale), dim=-1).to(dtype)
     out = None
     offset = 0
-    for first, count in runs:
+    for first, count in read.runs:
         own = probs[:, :, offset:offset + count * block_size].view(hkv, group, count, block_size)
         weights = q.new_zeros((hkv, group, count, hkv, block_size), dtype=dtype)
         torch.diagonal(weights, dim1=0, dim2=3).copy_(own.permute(1, 2, 3, 0))
@@ -150,27 +238,22 @@ def _decode_in_place(q, kv_cache, blocks: list[int], seq_len: int, group: int, s
     return out.to(q.dtype)
 
 
-def _decode_gathered(q, kv_cache, block_tables, seq_lens, group, scale):
-    """All decodes at once, on the cache's own block layout: each KV head's `group` query
-    heads multiply its blocks ([n, blocks, Hkv, BS, D]), so K and V are neither permuted into
-    one long row per sequence nor repeated per query head (as the padded SDPA did)."""
-    n, max_len = q.shape[0], max(seq_lens)
-    if max_len == 0:
+def _decode_gathered(q, kv_cache, plan: _DecodePlan, group: int, scale: float):
+    """All decodes at once: their blocks gathered whole ([Hkv, BS, D] tiles by index_select,
+    ~4x faster than advanced indexing into the cache), laid out [n, Hkv, L, D], then one SDPA
+    with GQA under each row's length mask. At 16 rows of ~100 tokens on a CPU this took half
+    the time of the per-block matmuls it replaced (0.38 against 0.72 ms a layer, bf16)."""
+    if plan.num_blocks == 0:
         return torch.zeros_like(q)
-    block_size, hkv, d = kv_cache.shape[3], kv_cache.shape[2], kv_cache.shape[4]
-    num_blocks = (max_len + block_size - 1) // block_size
-    tables = block_tables[:, :num_blocks].long().clamp(min=0)
+    n, nb = q.shape[0], plan.num_blocks
+    _, _, hkv, block_size, d = kv_cache.shape
     dtype = _matmul_dtype(kv_cache, q)
-    k, v = kv_cache[0, tables].to(dtype), kv_cache[1, tables].to(dtype)   # [n, NB, Hkv, BS, D]
-    # K on the left, as stored: [BS, D] @ [D, G] per block and head (2x faster on a CPU
-    # than q @ K^T, which reads K transposed)
-    qt = q.view(n, 1, hkv, group, d).transpose(-1, -2).contiguous().to(k.dtype)
-    scores = torch.matmul(k, qt).float()                          # [n, NB, Hkv, BS, G]
-    scores = scores.permute(0, 2, 4, 1, 3).reshape(n, hkv, group, num_blocks * block_size)
-    lens = torch.tensor(seq_lens, device=q.device)
-    pad = torch.arange(num_blocks * block_size, device=q.device)[None, :] >= lens[:, None]
-    scores.mul_(scale).masked_fill_(pad[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).nan_to_num_()           # seq_len 0 rows: all -inf
-    probs = probs.view(n, hkv, group, num_blocks, block_size).permute(0, 3, 1, 2, 4)
-    o = torch.matmul(probs.to(v.dtype), v).sum(dim=1, dtype=torch.float32)  # [n, Hkv, G, D]
-    return o.reshape(n, hkv * group, d).to(q.dtype)
+    kv = kv_cache.index_select(1, plan.index).to(dtype)            # [2, n * NB, Hkv, BS, D]
+    kv = kv.view(2, n, nb, hkv, block_size, d).transpose(2, 3).reshape(2, n, hkv,
+                                                                        nb * block_size, d)
+    o = F.scaled_dot_product_attention(q.to(dtype).view(n, hkv * group, 1, d), kv[0], kv[1],
+                                       attn_mask=plan.mask, scale=scale,
+                                       enable_gqa=group > 1).view(n, hkv * group, d)
+    if plan.empty_rows is not None:
+        o[plan.empty_rows] = 0              # every key masked: SDPA gives NaN there
+    return o.to(q.dtype)
