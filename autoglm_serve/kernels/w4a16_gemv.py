@@ -28,6 +28,8 @@ and sets ``ENABLED = False`` on a problem.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -44,6 +46,10 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # the bits of 1.0f, passed as an argument so it sits in a register: ptxas then merges the
 # nibble's and-mask and this or into one LOP3 (two immediates would take two)
 ONE_BITS = 0x3F800000
+# the exponent bits of 256.0 and 16.0, in registers likewise (kernel arguments): with a nibble in
+# mantissa bits 15..18 (19..22) they make the float 256 + q (16 + q), see ``_integer_nibble``
+EVEN_EXP = 0x43800000
+ODD_EXP = 0x41800000
 
 # (kind, rows bucket, N, K, group) -> config (or None: kernels/wna16.py), from the H200.
 # (scripts/gpu/quant_gemv_bench.py, 2026-12-01; comments: this config, the fallback)
@@ -117,10 +123,9 @@ def _scale_terms(s_ptrs, z_ptrs, HAS_ZEROS: tl.constexpr):
 
 
 @triton.jit
-def _tile_products(acc, p, s_ptrs, z_ptrs, x_ptrs, x_mask, one_bits, HAS_ZEROS: tl.constexpr,
-                   USE_DOT: tl.constexpr):
-    """acc += the products of one tile: p the packed words ([BN, 1, BW] on CUDA cores, [BN, BW]
-    for tl.dot), x_ptrs [BM, BW] the activations of nibble 0 of each word."""
+def _tile_dot(acc, p, s_ptrs, z_ptrs, x_ptrs, x_mask, one_bits, HAS_ZEROS: tl.constexpr):
+    """acc += the tensor-core products of one tile: p the packed words [BN, BW], x_ptrs
+    [BM, BW] the activations of nibble 0 of each word."""
     a0, b0, a1, b1 = _scale_terms(s_ptrs, z_ptrs, HAS_ZEROS)
     for j in tl.static_range(8):
         v = _nibble(p, one_bits, j)
@@ -129,21 +134,124 @@ def _tile_products(acc, p, s_ptrs, z_ptrs, x_ptrs, x_mask, one_bits, HAS_ZEROS: 
         else:
             w = tl.fma(v, tl.broadcast_to(a1, v.shape), tl.broadcast_to(b1, v.shape))
         x = tl.load(x_ptrs + j, mask=x_mask, other=0.0)
-        if USE_DOT:
-            acc = tl.dot(w.to(x.dtype), tl.trans(x), acc, input_precision="ieee")
-        else:
-            acc += w * x.to(tl.float32)[None, :, :]      # [BN, 1, BW] * [1, BM, BW]
+        acc = tl.dot(w.to(x.dtype), tl.trans(x), acc, input_precision="ieee")
     return acc
 
 
 @triton.jit
+def _integer_nibble(p, even_exp, odd_exp, J: tl.constexpr):
+    """Nibble J of each packed word as the float 2**e + q, exactly (e = 8 for even J, 4 for
+    odd): the nibble moved to mantissa bits 15..18 or 19..22 (one shift serves two nibbles)
+    under the exponent of 2**e, one and-or (LOP3; the exponents are arguments, in registers)."""
+    if J < 2:
+        moved = p << 15
+    elif J < 4:
+        moved = p << 7
+    elif J < 6:
+        moved = p >> 1
+    else:
+        moved = p >> 9
+    if J % 2 == 0:
+        return ((moved & 0x78000) | even_exp).to(tl.float32, bitcast=True)
+    return ((moved & 0x780000) | odd_exp).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _x_values(x_ptrs, x_mask, X_PAIRS: tl.constexpr):
+    """The 8 activations of each word as fp32 [BM, BW] tensors, and two sums the products need:
+    offset = sum_j 2**e_j x_j (e_j of ``_integer_nibble``) and total = sum_j x_j. X_PAIRS: x
+    is 16-bit, read as int32 pairs (4 loads a word; bf16 to fp32 is a shift, fp16 a cvt)."""
+    if X_PAIRS:
+        x0, x1 = _x_pair(x_ptrs, x_mask, 0, X_PAIRS)
+        x2, x3 = _x_pair(x_ptrs, x_mask, 1, X_PAIRS)
+        x4, x5 = _x_pair(x_ptrs, x_mask, 2, X_PAIRS)
+        x6, x7 = _x_pair(x_ptrs, x_mask, 3, X_PAIRS)
+    else:
+        x0 = tl.load(x_ptrs, mask=x_mask, other=0.0)
+        x1 = tl.load(x_ptrs + 1, mask=x_mask, other=0.0)
+        x2 = tl.load(x_ptrs + 2, mask=x_mask, other=0.0)
+        x3 = tl.load(x_ptrs + 3, mask=x_mask, other=0.0)
+        x4 = tl.load(x_ptrs + 4, mask=x_mask, other=0.0)
+        x5 = tl.load(x_ptrs + 5, mask=x_mask, other=0.0)
+        x6 = tl.load(x_ptrs + 6, mask=x_mask, other=0.0)
+        x7 = tl.load(x_ptrs + 7, mask=x_mask, other=0.0)
+    even = (x0 + x2) + (x4 + x6)
+    odd = (x1 + x3) + (x5 + x7)
+    return x0, x1, x2, x3, x4, x5, x6, x7, tl.fma(even, 256.0, odd * 16.0), even + odd
+
+
+@triton.jit
+def _x_pair(x_ptrs, x_mask, I: tl.constexpr, X_PAIRS: tl.constexpr):
+    """Activations 2I and 2I + 1 of each word from one int32 load (X_PAIRS 1: bf16, 2: fp16)."""
+    xi = tl.load(x_ptrs + I, mask=x_mask, other=0)
+    if X_PAIRS == 1:
+        lo = (xi << 16).to(tl.float32, bitcast=True)
+        hi = (xi & -65536).to(tl.float32, bitcast=True)
+    else:
+        lo = xi.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        hi = (xi >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def _load_unpinned(ptrs, ASM: tl.constexpr):
+    """tl.load(ptrs) as fp32 (8-bit: unsigned), as inline PTX when ASM. A tl.load is an
+    anchor of Triton's layout pass: the per-row scale and zero loads ([BLOCK_N, 1, 1], one
+    thread per row) then pinned the whole tile to one row per thread and converted the nibbles
+    through shared memory, where an elementwise asm takes the tile's layout (4 words of
+    BLOCK_N / 32 rows per thread): 5.8 -> 3.6 instructions per weight at 256 x 128 in the
+    sm_90 SASS. The interpreter runs no PTX: tl.load there."""
+    BITS: tl.constexpr = ptrs.dtype.element_ty.primitive_bitwidth
+    if not ASM:
+        v = tl.load(ptrs).to(tl.float32)
+    elif BITS == 8:
+        v = tl.inline_asm_elementwise("ld.global.nc.u8 $0, [$1];", "=r,l", [ptrs],
+                                      dtype=tl.int32, is_pure=True, pack=1).to(tl.float32)
+    elif BITS == 16:
+        v = tl.inline_asm_elementwise("ld.global.nc.b16 $0, [$1];", "=h,l", [ptrs],
+                                      dtype=ptrs.dtype.element_ty, is_pure=True,
+                                      pack=1).to(tl.float32)
+    else:
+        v = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs],
+                                      dtype=ptrs.dtype.element_ty, is_pure=True,
+                                      pack=1).to(tl.float32)
+    return v
+
+
+@triton.jit
+def _tile_cuda_cores(acc, p, s_ptrs, z_ptrs, xs, even_exp, odd_exp, HAS_ZEROS: tl.constexpr,
+                     ASM_LOADS: tl.constexpr):
+    """acc [BN, BM, BW] += the products of one tile on CUDA cores, p the packed words
+    [BN, 1, BW], xs ``_x_values`` ([BM, BW] each). The group's scale and zero are factored
+    out of each word's sum: with v_j = 2**e_j + q_j (``_integer_nibble``),
+    sum_j x_j (q_j - z) s = s (sum_j x_j v_j - offset - z total), so a weight costs its
+    LOP3 and one fma (plus a shift per two), the scale and zero two fmas per word."""
+    x0, x1, x2, x3, x4, x5, x6, x7, offset, total = xs
+    sc = _load_unpinned(s_ptrs, ASM_LOADS)
+    if HAS_ZEROS:
+        z = _load_unpinned(z_ptrs, ASM_LOADS)
+        t = tl.fma(-z, total[None, :, :], -offset[None, :, :])
+    else:          # symmetric: the zero 8 is x's alone
+        t = tl.zeros_like(acc) - tl.fma(total, 8.0, offset)[None, :, :]
+    t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 0), x0[None, :, :], t)
+    t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 1), x1[None, :, :], t)
+    t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 2), x2[None, :, :], t)
+    t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 3), x3[None, :, :], t)
+    t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 4), x4[None, :, :], t)
+    t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 5), x5[None, :, :], t)
+    t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 6), x6[None, :, :], t)
+    t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 7), x7[None, :, :], t)
+    return tl.fma(t, sc, acc)
+
+
+@triton.jit
 def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr,
-                       M, N, K, words, groups, one_bits, GROUP: tl.constexpr,
-                       HAS_ZEROS: tl.constexpr,
+                       M, N, K, x_stride, words, groups, one_bits, even_exp, odd_exp,
+                       GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, X_PAIRS: tl.constexpr,
                        HAS_BIAS: tl.constexpr, GATED: tl.constexpr, USE_DOT: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr,
-                       PDL: tl.constexpr):
+                       ASM_LOADS: tl.constexpr, PDL: tl.constexpr):
     """y[m, n] = sum_k x[m, k] dequant(w)[n, k]; program (i, s) owns BLOCK_N features and the
     s-th of SPLIT_K runs of K chunks. GATED: 2N weight rows and
     y = silu(x @ w[:N]^T) * (x @ w[N:]^T).
@@ -173,10 +281,10 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
     acc_up = tl.zeros_like(acc)
     q_gate = qw_ptr + r * words + wo
     q_up = qw_ptr + (r + N) * words + wo
-    # x[m, 8w] as [BLOCK_M, BW] in both paths: loaded once per thread and word, whatever the
-    # number of rows a thread holds (broadcast as [None, :, :] on CUDA cores)
-    x_base = x_ptr + offs_m[:, None] * K + (offs_w * 8)[None, :]
     m_mask = offs_m[:, None] < M
+    # x[m, 8w] as [BLOCK_M, BW]: loaded once per thread and word, whatever the number of rows a
+    # thread holds (broadcast as [None, :, :] on CUDA cores). X_PAIRS: x is int32 pairs there
+    x_base = x_ptr + offs_m[:, None] * x_stride + (offs_w * (4 if X_PAIRS else 8))[None, :]
 
     k_start, k_end = split_k_range(pid_k, K, BLOCK_K, SPLIT_K)
     wait_for_previous_grid(PDL)
@@ -192,16 +300,25 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
         else:
             x_mask = m_mask & (offs_w < words - k // 8)[None, :]
             p = tl.load(q_gate + k // 8, mask=w_mask, other=0)
-        acc = _tile_products(acc, p, s_ptr + g, z_ptr + g, x_base + k, x_mask, one_bits,
-                             HAS_ZEROS, USE_DOT)
+        x_tile = x_base + (k // 2 if X_PAIRS else k)
+        if USE_DOT:
+            acc = _tile_dot(acc, p, s_ptr + g, z_ptr + g, x_tile, x_mask, one_bits, HAS_ZEROS)
+        else:
+            xs = _x_values(x_tile, x_mask, X_PAIRS)
+            acc = _tile_cuda_cores(acc, p, s_ptr + g, z_ptr + g, xs, even_exp, odd_exp,
+                                   HAS_ZEROS, ASM_LOADS)
         if GATED:
             if EVEN_K:
                 p2 = tl.load(q_up + k // 8)
             else:
                 p2 = tl.load(q_up + k // 8, mask=w_mask, other=0)
             g2 = g + N * groups
-            acc_up = _tile_products(acc_up, p2, s_ptr + g2, z_ptr + g2, x_base + k, x_mask,
-                                    one_bits, HAS_ZEROS, USE_DOT)
+            if USE_DOT:
+                acc_up = _tile_dot(acc_up, p2, s_ptr + g2, z_ptr + g2, x_tile, x_mask,
+                                   one_bits, HAS_ZEROS)
+            else:
+                acc_up = _tile_cuda_cores(acc_up, p2, s_ptr + g2, z_ptr + g2, xs, even_exp,
+                                          odd_exp, HAS_ZEROS, ASM_LOADS)
     if USE_DOT:
         out = acc
         out_up = acc_up
@@ -243,15 +360,18 @@ def _launch(x, qweight, scales, zeros, group, bias, n, gated, config):
     y, tiles, partials, counts = launch_buffers(x, m, n, cfg, gated)
     block_m = max(DOT_MIN_ROWS, triton.next_power_of_2(m)) if cfg.dot \
         else triton.next_power_of_2(m)
+    # CUDA cores read 16-bit activations as int32 pairs (X_PAIRS 1: bf16, 2: fp16)
+    pairs = 0 if cfg.dot or x.dtype == torch.float32 else (1 if x.dtype == torch.bfloat16 else 2)
     _w4a16_gemv_kernel[(tiles, cfg.split_k)](
-        x2, qweight, scales, zeros if zeros is not None else scales,
-        bias if bias is not None else scales, y, partials, counts, m, n, k, k // 8, k // group,
-        ONE_BITS,
-        GROUP=group, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, GATED=gated,
-        USE_DOT=cfg.dot, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        SPLIT_K=cfg.split_k, EVEN_K=k % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
-        num_warps=cfg.num_warps,
-        **pdl.launch_options(x.device))
+        x2.view(torch.int32) if pairs else x2, qweight, scales,
+        zeros if zeros is not None else scales, bias if bias is not None else scales, y,
+        partials, counts, m, n, k, k // 2 if pairs else k, k // 8, k // group, ONE_BITS,
+        EVEN_EXP, ODD_EXP,
+        GROUP=group, HAS_ZEROS=zeros is not None, X_PAIRS=pairs, HAS_BIAS=bias is not None,
+        GATED=gated, USE_DOT=cfg.dot, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, EVEN_K=k % cfg.block_k == 0,
+        NUM_STAGES=cfg.num_stages, ASM_LOADS=os.environ.get("TRITON_INTERPRET") != "1",
+        num_warps=cfg.num_warps, **pdl.launch_options(x.device))
     return y.view(*x.shape[:-1], n)
 
 
