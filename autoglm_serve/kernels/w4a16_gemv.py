@@ -12,13 +12,15 @@ workspaces) with these changes:
   8 nibbles of every word in turn, nibble j against x[8w + j]: no reshape of a tile (a
   shared-memory round trip in Triton);
 - a nibble becomes a float with no int-to-float conversion (a slow instruction on the SMs):
-  moved into a float's mantissa it is v = 1 + q * 2**-e, and one fma with per-row constants
-  gives (q - zero) * scale exactly (``_nibble``, ``_scale_terms``): ~3.5 instructions per
-  weight with the accumulating fma, where the instruction issue rate, not HBM, would bound a
-  kernel spending 6 or more;
+  moved into a float's mantissa under a fixed exponent it is exactly 2**e + q (``_integer_nibble``,
+  one LOP3 and a shift per two nibbles); on CUDA cores the group's scale and zero are factored
+  out of each word's sum, s * (sum_j x_j v_j - sum_j 2**e_j x_j - z sum_j x_j), the two x sums
+  shared by all the rows a thread holds, so a weight costs its LOP3 and one fma (3.7
+  instructions per weight in the sm_90 SASS at 256 x 128, one row; 6.3 before, when the zero
+  and scale took an fma per weight and the tile was laid out one row per thread);
 - CUDA cores (``dot=False``, any rows): products accumulated elementwise in fp32 and reduced
   across K once at the end; ``dot=True`` (2..MAX_ROWS rows): eight tensor-core products per
-  tile; the sweep picks.
+  tile, the nibbles dequantized one fma each (``_nibble``); the sweep picks;
 - the gated variant (gate_up followed by SiLU-and-mul) loads rows n and I + n together.
 
 ``TUNED`` is keyed (kind, rows bucket, N, K, group) and filled by scripts/gpu/quant_gemv_bench.py;
@@ -74,12 +76,11 @@ TUNED: dict[tuple[str, int, int, int, int], GemvConfig | None] = {
 
 
 def default_config(m: int, n: int, k: int, group: int) -> GemvConfig:
-    """Untuned: 64 x 128 tiles, split-K up to ~256 programs. One row on CUDA cores: a thread
-    then holds 4 words of 2 rows and loads its x once for both (6.3 instructions per weight
-    in the sm_90 SASS, where 32 x 128 takes 8.7 and 8 x 512 11.7). More rows on tensor cores
-    (6.7 per weight, whatever the rows; 16 x 256 takes 23, and the CUDA-core path 13 at 2
-    rows, 39 at 8)."""
-    block_n, block_k = 64, 128
+    """Untuned: split-K up to ~256 programs. One row on CUDA cores in 128 x 128 tiles: a thread
+    holds 4 words of 4 rows and shares its activations' sums across them (4.3 instructions per
+    weight in the sm_90 SASS, gated 3.8; 64 x 128 takes 5.5, 256 x 128 3.7 but makes few
+    programs). More rows on tensor cores in 64 x 128 tiles (6.7 per weight, whatever the rows)."""
+    block_n, block_k = (128 if m == 1 else 64), 128
     split_k = default_split_k(triton.cdiv(n, block_n), triton.cdiv(k, block_k), 4)
     return GemvConfig(block_n, block_k, split_k, num_warps=4, num_stages=3, dot=m > 1)
 
