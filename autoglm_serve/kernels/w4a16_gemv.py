@@ -363,6 +363,8 @@ def _launch(x, qweight, scales, zeros, group, bias, n, gated, config):
         else triton.next_power_of_2(m)
     # CUDA cores read 16-bit activations as int32 pairs (X_PAIRS 1: bf16, 2: fp16)
     pairs = 0 if cfg.dot or x.dtype == torch.float32 else (1 if x.dtype == torch.bfloat16 else 2)
+    if pairs and x2.storage_offset() % 2:    # a view at an odd element: no int32 view of it
+        x2 = x2.clone()
     _w4a16_gemv_kernel[(tiles, cfg.split_k)](
         x2.view(torch.int32) if pairs else x2, qweight, scales,
         zeros if zeros is not None else scales, bias if bias is not None else scales, y,
