@@ -99,16 +99,19 @@ def grid(kind: str, m: int, shape: Shape, smoke: bool):
         tiles = [(16, 128, m > 1)]
     elif m == 1:     # CUDA cores; one tensor-core tile too
         if kind == "w4":   # tiles inside a group of 128; many rows a thread (x sums shared)
-            tiles = [(bn, bk, False) for bn in (64, 128, 256) for bk in (64, 128)]
+            tiles = [(bn, bk, False) for bn in (128, 256, 64) for bk in (128, 64)]
         else:
             tiles = [(bn, bk, False) for bn in (8, 16) for bk in (512, 1024)] + [(32, 256, False)]
-        tiles += [(16, 256, True)]
+        if kind == "w4":
+            tiles += [(16, 256, True)]
+        else:              # native e4m3 tensor cores: wgmma wants >= 64 rows
+            tiles += [(128, 256, True), (64, 256, True), (128, 128, True)]
     else:
         if kind == "w4":   # CUDA cores: ~1.4 instructions per weight plus ~1.5 per row
             tiles = [(32, 128, True), (64, 128, True), (128, 128, True), (64, 256, True)]
-            tiles += [(128, 128, False)] + ([(256, 128, False)] if m == 2 else [])
+            tiles += [(128, 128, False), (256, 128, False)] if m == 2 else [(64, 128, False)]
         else:
-            tiles = [(bn, bk, True) for bn in (64, 128) for bk in (128, 256)]
+            tiles = [(bn, bk, True) for bn in (128, 64) for bk in (256, 128)]
     out = []
     for bn, bk, dot in tiles:
         chunks = math.ceil(shape.k / bk)
