@@ -22,10 +22,10 @@ With --baseline (a copy of an earlier kernels/w4a16_gemv.py) its GEMV is checked
 the config its own table selects, beside the sweep of the current one. Then a result table (one
 line per shape and M), the 40-layer decode step's GEMM time per mode (4 linears a layer +
 lm_head in bf16), the large-M (offline, prefill) comparison of bf16 cuBLAS, the W4A16 GEMM and
-_scaled_mm with either quantization, and the two TUNED tables ready to paste. Each (shape, M, kernel) sweep gets an
-equal share of what is left of --budget-s (default 170 s, compiles included): past 75% of its
-share it skips its second stage (warps x stages around the best tile), past 100% it stops
-(the default config is always timed).
+_scaled_mm with either quantization, and the two TUNED tables ready to paste. Each (shape, M,
+kernel) sweep gets an equal share of what is left of --budget-s (default 170 s, compiles
+included): past 75% of its share it skips its second stage (warps x stages around the best
+tile), past 100% it stops (the default config is always timed).
 """
 from __future__ import annotations
 
