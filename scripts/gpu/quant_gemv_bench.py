@@ -99,7 +99,7 @@ def grid(kind: str, m: int, shape: Shape, smoke: bool):
         tiles = [(16, 128, m > 1)]
     elif m == 1:     # CUDA cores; one tensor-core tile too
         if kind == "w4":   # tiles inside a group of 128; many rows a thread (x sums shared)
-            tiles = [(bn, bk, False) for bn in (128, 256, 64) for bk in (128, 64)]
+            tiles = [(bn, bk, False) for bn in (256, 128, 64) for bk in (128, 64)]
         else:
             tiles = [(bn, bk, False) for bn in (8, 16) for bk in (512, 1024)] + [(32, 256, False)]
         if kind == "w4":
@@ -145,7 +145,11 @@ class Bench:
         self.failures = 0
         self.sweeps_left = 0
         self.deadline = args.budget_s
-        self.baseline = load_module(args.baseline, "w4a16_gemv_before") if args.baseline else None
+        self.baseline = None
+        if args.baseline and not os.path.exists(args.baseline):
+            print(f"--baseline {args.baseline}: no such file, timing without it", flush=True)
+        elif args.baseline:
+            self.baseline = load_module(args.baseline, "w4a16_gemv_before")
 
     def start_sweep(self) -> float:
         """Each sweep gets an equal share of what is left of the budget (time a sweep leaves
