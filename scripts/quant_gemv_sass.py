@@ -30,11 +30,12 @@ BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin"
 def compile_kernel(kind: str, bm, bn, bk, split, dot, gated, warps=4, stages=3):
     if kind == "w4":
         fn = w4a16_gemv._w4a16_gemv_kernel
-        sig = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*u8",
-               "bias_ptr": "*bf16", "y_ptr": "*bf16", "partial_ptr": "*fp32",
-               "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "words": "i32",
-               "groups": "i32", "one_bits": "i32"}
-        consts = dict(GROUP=128, HAS_ZEROS=True)
+        # bf16 activations: CUDA cores read them as int32 pairs, as the launcher passes them
+        sig = {"x_ptr": "*bf16" if dot else "*i32", "qw_ptr": "*i32", "s_ptr": "*bf16",
+               "z_ptr": "*u8", "bias_ptr": "*bf16", "y_ptr": "*bf16", "partial_ptr": "*fp32",
+               "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "x_stride": "i32",
+               "words": "i32", "groups": "i32", "even_exp": "i32", "odd_exp": "i32"}
+        consts = dict(GROUP=128, HAS_ZEROS=True, X_PAIRS=0 if dot else 1)
     else:
         fn = fp8_gemv._fp8_gemv_kernel
         sig = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "bias_ptr": "*bf16",
@@ -43,11 +44,13 @@ def compile_kernel(kind: str, bm, bn, bk, split, dot, gated, warps=4, stages=3):
         consts = {}
     consts.update(HAS_BIAS=False, GATED=gated, USE_DOT=dot, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                   SPLIT_K=split, EVEN_K=True, NUM_STAGES=stages, PDL=True)
+    if kind == "w4":
+        consts["COMPILED"] = True
     sig.update({c: "constexpr" for c in consts})
     names = list(sig)
     # what the launcher's specialization gives: 16-aligned pointers, sizes divisible by 16
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-             if sig[n].startswith("*") or n in ("N", "K", "words")}
+             if sig[n].startswith("*") or n in ("N", "K", "x_stride", "words")}
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": warps, "num_stages": stages})

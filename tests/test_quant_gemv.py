@@ -152,3 +152,41 @@ def test_layers_take_the_gemvs_for_a_few_rows_only():
     assert fp8_gemv.supports(x1, w) and not fp8_gemv.supports(x32, w)
     assert rel(fp8.fp8_linear(x32, w, ws, None), fp8_reference(x32, w, ws)) < 1e-2
     assert rel(fp8.fp8_linear(x1, w, ws, None), fp8_reference(x1, w, ws)) < 1e-2
+
+
+def test_w4a16_gemv_reads_an_odd_offset_view_of_16_bit_activations():
+    """CUDA cores read 16-bit x as int32 pairs: a row view starting at an odd element (no
+    int32 view of it) is copied first, not misread."""
+    g = gen()
+    qw, s, z = random_w4(37, 256, 64, True, torch.bfloat16, DEVICE, g)
+    x = torch.randn(257, generator=g).to(DEVICE, torch.bfloat16)[1:].view(1, 256)
+    assert x.storage_offset() == 1 and x.is_contiguous()
+    out = w4a16_gemv.w4a16_gemv(x, qw, s, z, 64, None, Config(32, 128, 1))
+    assert rel(out, w4a16_reference(x, qw, s, z, 64)) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_compiled_gemvs_at_the_model_shapes(dtype):
+    """The compiled paths the interpreter cannot run (inline PTX loads, 16-bit bit tricks and
+    packed arithmetic, e4m3 tensor cores) on AutoGLM's gate_up, down and qkv shapes."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for n, k, gated in ((13696, 4096, True), (4096, 13696, False), (4608, 4096, False)):
+        rows = 2 * n if gated else n
+        qw, s, z = random_w4(rows, k, 128, True, dtype, "cuda", g)
+        w, ws = random_fp8(rows, k, "cuda", g)
+        for m in (1, 2, 8):
+            x = torch.randn(m, k, generator=g, device="cuda").to(dtype)
+            want = w4a16_reference(x, qw, s, z, 128, gated=gated)
+            want8 = fp8_reference(x, w, ws, gated=gated)
+            w4_configs = [None, Config(128, 128, 2, dot=True)]
+            if m <= 2:
+                w4_configs.append(Config(256, 128, 2, dot=False))
+            for cfg in w4_configs:
+                out = (w4a16_gemv.w4a16_gated_gemv(x, qw, s, z, 128, cfg) if gated
+                       else w4a16_gemv.w4a16_gemv(x, qw, s, z, 128, None, cfg))
+                assert rel(out, want) < 1e-2, (n, k, m, cfg)
+            for cfg in (None, Config(128, 256, 2, dot=True)):
+                out = (fp8_gemv.fp8_gated_gemv(x, w, ws, cfg) if gated
+                       else fp8_gemv.fp8_gemv(x, w, ws, None, cfg))
+                assert rel(out, want8) < 1e-2, (n, k, m, cfg)

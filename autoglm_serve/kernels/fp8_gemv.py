@@ -10,10 +10,13 @@ workspaces):
 - each program first computes the amax of its activation rows over all of K (x is a few KB and
   sits in L2), so the per-token scale needs no other kernel;
 - in the K loop the activation tile is quantized the same way (x * (1 / scale), saturated,
-  rounded to e4m3) and the weight tile converted in registers; the products of two e4m3
-  values are exact in fp32 (one row, CUDA cores) and in a bf16 ``tl.dot`` (e4m3 values are
-  exact in bf16), so the sum is the W8A8 product ``_scaled_mm`` computes, up to fp32
-  summation order;
+  rounded to e4m3); the products of two e4m3 values are exact in fp32, so the sum is the W8A8
+  product ``_scaled_mm`` computes, up to summation order: on CUDA cores (one row) the weight
+  tile is converted in registers; with ``dot=True`` both e4m3 tiles go to the tensor cores as
+  they are (Hopper's FP8 wgmma, ~1-2 instructions per weight in the sm_90 SASS where
+  converting the weights to bf16 first took 4.2; tiles of >= 64 rows, fewer fall back to the
+  converting MMA). That MMA sums a chunk in an accumulator of fewer bits than fp32's, so each
+  BLOCK_K chunk is added to the fp32 accumulator on its own (``max_num_imprecise_acc``);
 - the fp32 result is scaled by x_scale * w_scale[n] before the split-K reduction (linear, so the
   partials may be scaled each), then bias or SiLU gating as in the bf16 GEMV.
 
@@ -65,9 +68,9 @@ TUNED: dict[tuple[str, int, int, int], GemvConfig | None] = {
 
 def default_config(m: int, n: int, k: int) -> GemvConfig:
     """Untuned: split-K up to ~256 programs; one row on CUDA cores in 16 x 512 tiles (3.8
-    instructions per weight in the sm_90 SASS, 8 x 512: 4.9), more rows in 128 x 128
-    tensor-core tiles (4.2; 16 x 512 takes 17.5)."""
-    block_n, block_k = (16, 512) if m == 1 else (128, 128)
+    instructions per weight in the sm_90 SASS, 8 x 512: 4.9), more rows in 128 x 256 e4m3
+    tensor-core tiles (1.3, the activations' quantization most of it; 128 x 128: 1.6)."""
+    block_n, block_k = (16, 512) if m == 1 else (128, 256)
     split_k = default_split_k(triton.cdiv(n, block_n), triton.cdiv(k, block_k), 4)
     return GemvConfig(block_n, block_k, split_k, num_warps=4, num_stages=3, dot=m > 1)
 
@@ -107,13 +110,14 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr, count_p
     for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
         x, w, w2 = load_k_tile(x_tile, w_gate, w_up, k, offs_k, m_mask, K, GATED, EVEN_K)
         xq = tl.clamp(x.to(tl.float32) * x_inv[:, None], -FP8_MAX, FP8_MAX)
-        xq = xq.to(tl.float8e4nv).to(tl.float32)
+        xq = xq.to(tl.float8e4nv)
         if USE_DOT:
-            xt = tl.trans(xq.to(tl.bfloat16))
-            acc = tl.dot(w.to(tl.bfloat16), xt, acc)
+            xt = tl.trans(xq)
+            acc = tl.dot(w, xt, acc, max_num_imprecise_acc=BLOCK_K)
             if GATED:
-                acc_up = tl.dot(w2.to(tl.bfloat16), xt, acc_up)
+                acc_up = tl.dot(w2, xt, acc_up, max_num_imprecise_acc=BLOCK_K)
         else:
+            xq = xq.to(tl.float32)
             acc += w.to(tl.float32) * xq
             if GATED:
                 acc_up += w2.to(tl.float32) * xq

@@ -12,13 +12,17 @@ workspaces) with these changes:
   8 nibbles of every word in turn, nibble j against x[8w + j]: no reshape of a tile (a
   shared-memory round trip in Triton);
 - a nibble becomes a float with no int-to-float conversion (a slow instruction on the SMs):
-  moved into a float's mantissa it is v = 1 + q * 2**-e, and one fma with per-row constants
-  gives (q - zero) * scale exactly (``_nibble``, ``_scale_terms``): ~3.5 instructions per
-  weight with the accumulating fma, where the instruction issue rate, not HBM, would bound a
-  kernel spending 6 or more;
+  moved into a float's mantissa under a fixed exponent it is exactly 2**e + q
+  (``_integer_nibble``, one LOP3 and a shift per two nibbles); on CUDA cores the group's scale
+  and zero are factored out of each word's sum, s * (sum_j x_j v_j - sum_j 2**e_j x_j -
+  z sum_j x_j), the two x sums shared by all the rows a thread holds, so a weight costs its
+  LOP3 and one fma (3.7 instructions per weight in the sm_90 SASS at 256 x 128, one row; 6.3
+  before, when the zero and scale took an fma per weight and the tile was laid out one row
+  per thread);
 - CUDA cores (``dot=False``, any rows): products accumulated elementwise in fp32 and reduced
   across K once at the end; ``dot=True`` (2..MAX_ROWS rows): eight tensor-core products per
-  tile; the sweep picks.
+  tile of the exact integers q - z in x's dtype (``_integer_weights``), scaled after them when
+  the tile lies in one group; the sweep picks;
 - the gated variant (gate_up followed by SiLU-and-mul) loads rows n and I + n together.
 
 ``TUNED`` is keyed (kind, rows bucket, N, K, group) and filled by scripts/gpu/quant_gemv_bench.py;
@@ -27,6 +31,8 @@ quantization/kernel_checks.py compares the kernel against dequantize-then-matmul
 and sets ``ENABLED = False`` on a problem.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -41,9 +47,12 @@ ENABLED = True
 MAX_ROWS = 8
 DOT_MIN_ROWS = 16       # tl.dot's smallest tile side for 16-bit operands
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# the bits of 1.0f, passed as an argument so it sits in a register: ptxas then merges the
-# nibble's and-mask and this or into one LOP3 (two immediates would take two)
-ONE_BITS = 0x3F800000
+# the exponent bits of 256.0 and 16.0, passed as arguments so they sit in registers: ptxas then
+# merges a nibble's and-mask and this or into one LOP3 (two immediates would take two); with a
+# nibble in mantissa bits 15..18 (19..22) they make the float 256 + q (16 + q), see
+# ``_integer_nibble``
+EVEN_EXP = 0x43800000
+ODD_EXP = 0x41800000
 
 # (kind, rows bucket, N, K, group) -> config (or None: kernels/wna16.py), from the H200.
 # (scripts/gpu/quant_gemv_bench.py, 2026-12-01; comments: this config, the fallback)
@@ -68,12 +77,12 @@ TUNED: dict[tuple[str, int, int, int, int], GemvConfig | None] = {
 
 
 def default_config(m: int, n: int, k: int, group: int) -> GemvConfig:
-    """Untuned: 64 x 128 tiles, split-K up to ~256 programs. One row on CUDA cores: a thread
-    then holds 4 words of 2 rows and loads its x once for both (6.3 instructions per weight
-    in the sm_90 SASS, where 32 x 128 takes 8.7 and 8 x 512 11.7). More rows on tensor cores
-    (6.7 per weight, whatever the rows; 16 x 256 takes 23, and the CUDA-core path 13 at 2
-    rows, 39 at 8)."""
-    block_n, block_k = 64, 128
+    """Untuned: split-K up to ~256 programs. One row on CUDA cores in 128 x 128 tiles: a thread
+    holds 4 words of 4 rows and shares its activations' sums across them (4.3 instructions per
+    weight in the sm_90 SASS, gated 3.8; 64 x 128 takes 5.5, 256 x 128 3.7 but makes few
+    programs). More rows on tensor cores in 128 x 128 tiles (5.0 per weight, whatever the
+    rows; 64 x 128: 6.3)."""
+    block_n, block_k = 128, 128
     split_k = default_split_k(triton.cdiv(n, block_n), triton.cdiv(k, block_k), 4)
     return GemvConfig(block_n, block_k, split_k, num_warps=4, num_stages=3, dot=m > 1)
 
@@ -87,63 +96,171 @@ def select_config(m: int, n: int, k: int, group: int, gated: bool = False) -> Ge
 
 
 @triton.jit
-def _nibble(p, one_bits, J: tl.constexpr):
-    """Nibble J of each packed word as v = 1 + q * 2**-e (e = 11 for even J, 7 for odd): moved
-    into bits 12..15 or 16..19 of the mantissa of 1.0, so one shift serves two nibbles, one
-    and-or makes the float, and no int-to-float conversion (a slow instruction) is needed."""
-    if J < 2:
-        moved = p << 12
-    elif J < 4:
-        moved = p << 4
-    elif J < 6:
-        moved = p >> 4
-    else:
-        moved = p >> 12
-    mask: tl.constexpr = 0xF000 if J % 2 == 0 else 0xF0000
-    return ((moved & mask) | one_bits).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _scale_terms(s_ptrs, z_ptrs, HAS_ZEROS: tl.constexpr):
-    """(a_even, b_even, a_odd, b_odd) with fma(v, a, b) = (q - zero) * scale for the nibbles of
-    ``_nibble``: a = scale * 2**e, b = -(2**e + zero) * scale. Exact for 16-bit scales (at most
-    12 + 11 significant bits in any product), so the fma rounds nothing either."""
-    sc = tl.load(s_ptrs).to(tl.float32)
+def _tile_dot(acc, p, s_ptrs, z_ptrs, x_ptrs, x_mask, HAS_ZEROS: tl.constexpr,
+              ONE_GROUP: tl.constexpr, COMPILED: tl.constexpr):
+    """acc [BN, BM] += the tensor-core products of one tile: p the packed words [BN, BW], x_ptrs
+    [BM, BW] the activations of nibble 0 of each word. The weights enter the MMA as the exact
+    integers q - z in x's dtype (``_integer_weights``); a tile inside one group is scaled once,
+    after its MMAs, else each weight is scaled first (one rounding, as dequantizing does)."""
+    dtype: tl.constexpr = x_ptrs.dtype.element_ty
+    sc = _load_unpinned(s_ptrs, COMPILED)
     if HAS_ZEROS:
-        z = tl.load(z_ptrs).to(tl.float32)
+        z = _load_unpinned(z_ptrs, COMPILED)
     else:
         z = 8.0
-    return sc * 2048.0, -(2048.0 + z) * sc, sc * 128.0, -(128.0 + z) * sc
+    if dtype == tl.bfloat16:
+        offset: tl.constexpr = 128.0
+    elif dtype == tl.float16:
+        offset: tl.constexpr = 1024.0
+    else:
+        offset: tl.constexpr = 8388608.0
+    zero = z + offset
+    tile = tl.zeros_like(acc)
+    for j in tl.static_range(8):
+        w = _integer_weights(p, j, dtype)
+        if ONE_GROUP and COMPILED:     # small integers: exact in x's dtype (packed HADD2)
+            w = w - zero.to(dtype)
+        else:   # one rounding of the scaled weight; the interpreter's bf16 is raw integers
+            w = w.to(tl.float32) - zero
+            if not ONE_GROUP:
+                w = w * sc
+            w = w.to(dtype)
+        x = tl.load(x_ptrs + j, mask=x_mask, other=0.0)
+        tile = tl.dot(w, tl.trans(x), tile, input_precision="ieee")
+    if ONE_GROUP:
+        return tl.fma(tile, sc, acc)
+    return acc + tile
 
 
 @triton.jit
-def _tile_products(acc, p, s_ptrs, z_ptrs, x_ptrs, x_mask, one_bits, HAS_ZEROS: tl.constexpr,
-                   USE_DOT: tl.constexpr):
-    """acc += the products of one tile: p the packed words ([BN, 1, BW] on CUDA cores, [BN, BW]
-    for tl.dot), x_ptrs [BM, BW] the activations of nibble 0 of each word."""
-    a0, b0, a1, b1 = _scale_terms(s_ptrs, z_ptrs, HAS_ZEROS)
-    for j in tl.static_range(8):
-        v = _nibble(p, one_bits, j)
-        if j % 2 == 0:
-            w = tl.fma(v, tl.broadcast_to(a0, v.shape), tl.broadcast_to(b0, v.shape))
-        else:
-            w = tl.fma(v, tl.broadcast_to(a1, v.shape), tl.broadcast_to(b1, v.shape))
-        x = tl.load(x_ptrs + j, mask=x_mask, other=0.0)
-        if USE_DOT:
-            acc = tl.dot(w.to(x.dtype), tl.trans(x), acc, input_precision="ieee")
-        else:
-            acc += w * x.to(tl.float32)[None, :, :]      # [BN, 1, BW] * [1, BM, BW]
-    return acc
+def _integer_weights(p, J: tl.constexpr, dtype: tl.constexpr):
+    """Nibble J of each packed word as offset + q exactly in ``dtype`` (bf16: 128 + q, fp16:
+    1024 + q, fp32: 2**23 + q): the nibble in the low mantissa bits under the offset's
+    exponent, no int-to-float conversion."""
+    q = (p >> (4 * J)) & 0xF
+    if dtype == tl.bfloat16:
+        v = (q | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    elif dtype == tl.float16:
+        v = (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+    else:
+        v = (q | 0x4B000000).to(tl.float32, bitcast=True)
+    return v
+
+
+@triton.jit
+def _integer_nibble(p, even_exp, odd_exp, J: tl.constexpr):
+    """Nibble J of each packed word as the float 2**e + q, exactly (e = 8 for even J, 4 for
+    odd): the nibble moved to mantissa bits 15..18 or 19..22 (one shift serves two nibbles)
+    under the exponent of 2**e, one and-or (LOP3; the exponents are arguments, in registers)."""
+    if J < 2:
+        moved = p << 15
+    elif J < 4:
+        moved = p << 7
+    elif J < 6:
+        moved = p >> 1
+    else:
+        moved = p >> 9
+    if J % 2 == 0:
+        return ((moved & 0x78000) | even_exp).to(tl.float32, bitcast=True)
+    return ((moved & 0x780000) | odd_exp).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _x_values(x_ptrs, x_mask, X_PAIRS: tl.constexpr):
+    """The 8 activations of each word as fp32 [BM, BW] tensors, and two sums the products need:
+    offset = sum_j 2**e_j x_j (e_j of ``_integer_nibble``) and total = sum_j x_j. X_PAIRS: x
+    is 16-bit, read as int32 pairs (4 loads a word; bf16 to fp32 is a shift, fp16 a cvt)."""
+    if X_PAIRS:
+        x0, x1 = _x_pair(x_ptrs, x_mask, 0, X_PAIRS)
+        x2, x3 = _x_pair(x_ptrs, x_mask, 1, X_PAIRS)
+        x4, x5 = _x_pair(x_ptrs, x_mask, 2, X_PAIRS)
+        x6, x7 = _x_pair(x_ptrs, x_mask, 3, X_PAIRS)
+    else:
+        x0 = tl.load(x_ptrs, mask=x_mask, other=0.0)
+        x1 = tl.load(x_ptrs + 1, mask=x_mask, other=0.0)
+        x2 = tl.load(x_ptrs + 2, mask=x_mask, other=0.0)
+        x3 = tl.load(x_ptrs + 3, mask=x_mask, other=0.0)
+        x4 = tl.load(x_ptrs + 4, mask=x_mask, other=0.0)
+        x5 = tl.load(x_ptrs + 5, mask=x_mask, other=0.0)
+        x6 = tl.load(x_ptrs + 6, mask=x_mask, other=0.0)
+        x7 = tl.load(x_ptrs + 7, mask=x_mask, other=0.0)
+    even = (x0 + x2) + (x4 + x6)
+    odd = (x1 + x3) + (x5 + x7)
+    return x0, x1, x2, x3, x4, x5, x6, x7, tl.fma(even, 256.0, odd * 16.0), even + odd
+
+
+@triton.jit
+def _x_pair(x_ptrs, x_mask, I: tl.constexpr, X_PAIRS: tl.constexpr):
+    """Activations 2I and 2I + 1 of each word from one int32 load (X_PAIRS 1: bf16, 2: fp16)."""
+    xi = tl.load(x_ptrs + I, mask=x_mask, other=0)
+    if X_PAIRS == 1:
+        lo = (xi << 16).to(tl.float32, bitcast=True)
+        hi = (xi & -65536).to(tl.float32, bitcast=True)
+    else:
+        lo = xi.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        hi = (xi >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def _load_unpinned(ptrs, COMPILED: tl.constexpr):
+    """tl.load(ptrs) as fp32 (8-bit: unsigned), as inline PTX when COMPILED. A tl.load is an
+    anchor of Triton's layout pass: the per-row scale and zero loads ([BLOCK_N, 1, 1], one
+    thread per row) then pinned the whole tile to one row per thread and converted the nibbles
+    through shared memory, where an elementwise asm takes the tile's layout (4 words of
+    BLOCK_N / 32 rows per thread): 5.8 -> 3.6 instructions per weight at 256 x 128 in the
+    sm_90 SASS. COMPILED: not the interpreter, which runs no PTX (tl.load there)."""
+    BITS: tl.constexpr = ptrs.dtype.element_ty.primitive_bitwidth
+    if not COMPILED:
+        v = tl.load(ptrs).to(tl.float32)
+    elif BITS == 8:
+        v = tl.inline_asm_elementwise("ld.global.nc.u8 $0, [$1];", "=r,l", [ptrs],
+                                      dtype=tl.int32, is_pure=True, pack=1).to(tl.float32)
+    elif BITS == 16:
+        v = tl.inline_asm_elementwise("ld.global.nc.b16 $0, [$1];", "=h,l", [ptrs],
+                                      dtype=ptrs.dtype.element_ty, is_pure=True,
+                                      pack=1).to(tl.float32)
+    else:
+        v = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs],
+                                      dtype=ptrs.dtype.element_ty, is_pure=True,
+                                      pack=1).to(tl.float32)
+    return v
+
+
+@triton.jit
+def _tile_cuda_cores(acc, p, s_ptrs, z_ptrs, xs, even_exp, odd_exp, HAS_ZEROS: tl.constexpr,
+                     COMPILED: tl.constexpr):
+    """acc [BN, BM, BW] += the products of one tile on CUDA cores, p the packed words
+    [BN, 1, BW], xs ``_x_values`` ([BM, BW] each). The group's scale and zero are factored
+    out of each word's sum: with v_j = 2**e_j + q_j (``_integer_nibble``),
+    sum_j x_j (q_j - z) s = s (sum_j x_j v_j - offset - z total), so a weight costs its
+    LOP3 and one fma (plus a shift per two), the scale and zero two fmas per word."""
+    x0, x1, x2, x3, x4, x5, x6, x7, offset, total = xs
+    sc = _load_unpinned(s_ptrs, COMPILED)
+    if HAS_ZEROS:
+        z = _load_unpinned(z_ptrs, COMPILED)
+        t = tl.fma(-z, total[None, :, :], -offset[None, :, :])
+    else:          # symmetric: the zero 8 is x's alone
+        t = tl.zeros_like(acc) - tl.fma(total, 8.0, offset)[None, :, :]
+    t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 0), x0[None, :, :], t)
+    t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 1), x1[None, :, :], t)
+    t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 2), x2[None, :, :], t)
+    t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 3), x3[None, :, :], t)
+    t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 4), x4[None, :, :], t)
+    t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 5), x5[None, :, :], t)
+    t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 6), x6[None, :, :], t)
+    t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 7), x7[None, :, :], t)
+    return tl.fma(t, sc, acc)
 
 
 @triton.jit
 def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr,
-                       M, N, K, words, groups, one_bits, GROUP: tl.constexpr,
-                       HAS_ZEROS: tl.constexpr,
+                       M, N, K, x_stride, words, groups, even_exp, odd_exp,
+                       GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, X_PAIRS: tl.constexpr,
                        HAS_BIAS: tl.constexpr, GATED: tl.constexpr, USE_DOT: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr,
-                       PDL: tl.constexpr):
+                       COMPILED: tl.constexpr, PDL: tl.constexpr):
     """y[m, n] = sum_k x[m, k] dequant(w)[n, k]; program (i, s) owns BLOCK_N features and the
     s-th of SPLIT_K runs of K chunks. GATED: 2N weight rows and
     y = silu(x @ w[:N]^T) * (x @ w[N:]^T).
@@ -173,10 +290,10 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
     acc_up = tl.zeros_like(acc)
     q_gate = qw_ptr + r * words + wo
     q_up = qw_ptr + (r + N) * words + wo
-    # x[m, 8w] as [BLOCK_M, BW] in both paths: loaded once per thread and word, whatever the
-    # number of rows a thread holds (broadcast as [None, :, :] on CUDA cores)
-    x_base = x_ptr + offs_m[:, None] * K + (offs_w * 8)[None, :]
     m_mask = offs_m[:, None] < M
+    # x[m, 8w] as [BLOCK_M, BW]: loaded once per thread and word, whatever the number of rows a
+    # thread holds (broadcast as [None, :, :] on CUDA cores). X_PAIRS: x is int32 pairs there
+    x_base = x_ptr + offs_m[:, None] * x_stride + (offs_w * (4 if X_PAIRS else 8))[None, :]
 
     k_start, k_end = split_k_range(pid_k, K, BLOCK_K, SPLIT_K)
     wait_for_previous_grid(PDL)
@@ -192,16 +309,26 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
         else:
             x_mask = m_mask & (offs_w < words - k // 8)[None, :]
             p = tl.load(q_gate + k // 8, mask=w_mask, other=0)
-        acc = _tile_products(acc, p, s_ptr + g, z_ptr + g, x_base + k, x_mask, one_bits,
-                             HAS_ZEROS, USE_DOT)
+        x_tile = x_base + (k // 2 if X_PAIRS else k)
+        if USE_DOT:
+            acc = _tile_dot(acc, p, s_ptr + g, z_ptr + g, x_tile, x_mask, HAS_ZEROS, ONE_GROUP,
+                            COMPILED)
+        else:
+            xs = _x_values(x_tile, x_mask, X_PAIRS)
+            acc = _tile_cuda_cores(acc, p, s_ptr + g, z_ptr + g, xs, even_exp, odd_exp,
+                                   HAS_ZEROS, COMPILED)
         if GATED:
             if EVEN_K:
                 p2 = tl.load(q_up + k // 8)
             else:
                 p2 = tl.load(q_up + k // 8, mask=w_mask, other=0)
             g2 = g + N * groups
-            acc_up = _tile_products(acc_up, p2, s_ptr + g2, z_ptr + g2, x_base + k, x_mask,
-                                    one_bits, HAS_ZEROS, USE_DOT)
+            if USE_DOT:
+                acc_up = _tile_dot(acc_up, p2, s_ptr + g2, z_ptr + g2, x_tile, x_mask,
+                                   HAS_ZEROS, ONE_GROUP, COMPILED)
+            else:
+                acc_up = _tile_cuda_cores(acc_up, p2, s_ptr + g2, z_ptr + g2, xs, even_exp,
+                                          odd_exp, HAS_ZEROS, COMPILED)
     if USE_DOT:
         out = acc
         out_up = acc_up
@@ -243,15 +370,20 @@ def _launch(x, qweight, scales, zeros, group, bias, n, gated, config):
     y, tiles, partials, counts = launch_buffers(x, m, n, cfg, gated)
     block_m = max(DOT_MIN_ROWS, triton.next_power_of_2(m)) if cfg.dot \
         else triton.next_power_of_2(m)
+    # CUDA cores read 16-bit activations as int32 pairs (X_PAIRS 1: bf16, 2: fp16)
+    pairs = 0 if cfg.dot or x.dtype == torch.float32 else (1 if x.dtype == torch.bfloat16 else 2)
+    if pairs and x2.storage_offset() % 2:    # a view at an odd element: no int32 view of it
+        x2 = x2.clone()
     _w4a16_gemv_kernel[(tiles, cfg.split_k)](
-        x2, qweight, scales, zeros if zeros is not None else scales,
-        bias if bias is not None else scales, y, partials, counts, m, n, k, k // 8, k // group,
-        ONE_BITS,
-        GROUP=group, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, GATED=gated,
-        USE_DOT=cfg.dot, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        SPLIT_K=cfg.split_k, EVEN_K=k % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
-        num_warps=cfg.num_warps,
-        **pdl.launch_options(x.device))
+        x2.view(torch.int32) if pairs else x2, qweight, scales,
+        zeros if zeros is not None else scales, bias if bias is not None else scales, y,
+        partials, counts, m, n, k, k // 2 if pairs else k, k // 8, k // group, EVEN_EXP,
+        ODD_EXP,
+        GROUP=group, HAS_ZEROS=zeros is not None, X_PAIRS=pairs, HAS_BIAS=bias is not None,
+        GATED=gated, USE_DOT=cfg.dot, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, EVEN_K=k % cfg.block_k == 0,
+        NUM_STAGES=cfg.num_stages, COMPILED=os.environ.get("TRITON_INTERPRET") != "1",
+        num_warps=cfg.num_warps, **pdl.launch_options(x.device))
     return y.view(*x.shape[:-1], n)
 
 

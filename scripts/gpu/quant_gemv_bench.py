@@ -2,6 +2,7 @@
 replace, on one GPU, at AutoGLM-Phone-9B's decode shapes.
 
     python3 scripts/gpu/quant_gemv_bench.py [--out quant_gemv_bench.json] [--budget-s 170]
+        [--baseline w4a16_gemv_before.py]   # a previous kernel, timed at its own table
     python3 scripts/gpu/quant_gemv_bench.py --smoke     # CPU, Triton interpreter, tiny shapes
 
 For each linear (qkv 4608x4096 + bias, o_proj 4096x4096, gate_up 27392x4096 + SiLU-and-mul,
@@ -17,12 +18,14 @@ down 4096x13696) and M in 1, 2, 4, 8:
 every config checked against dequantize-then-matmul first (WRONG lines; counted at the end).
 Times are medians of CUDA-graph replays over enough weight copies (> 150 MB) that L2 holds none
 of a launch's weights, as in the 40-layer step. TB/s = weight bytes (with scales, zeros) / time.
-Then the 40-layer decode step's GEMM time per mode (4 linears a layer + lm_head in bf16), the
-large-M (offline, prefill) comparison of bf16 cuBLAS, the W4A16 GEMM and _scaled_mm with either
-quantization, and the two TUNED tables ready to paste. Each (shape, M, kernel) sweep gets an
-equal share of what is left of --budget-s (default 170 s, compiles included): past 75% of its
-share it skips its second stage (warps x stages around the best tile), past 100% it stops
-(the default config is always timed).
+With --baseline (a copy of an earlier kernels/w4a16_gemv.py) its GEMV is checked and timed at
+the config its own table selects, beside the sweep of the current one. Then a result table (one
+line per shape and M), the 40-layer decode step's GEMM time per mode (4 linears a layer +
+lm_head in bf16), the large-M (offline, prefill) comparison of bf16 cuBLAS, the W4A16 GEMM and
+_scaled_mm with either quantization, and the two TUNED tables ready to paste. Each (shape, M,
+kernel) sweep gets an equal share of what is left of --budget-s (default 170 s, compiles
+included): past 75% of its share it skips its second stage (warps x stages around the best
+tile), past 100% it stops (the default config is always timed).
 """
 from __future__ import annotations
 
@@ -95,18 +98,20 @@ def grid(kind: str, m: int, shape: Shape, smoke: bool):
     if smoke:
         tiles = [(16, 128, m > 1)]
     elif m == 1:     # CUDA cores; one tensor-core tile too
-        if kind == "w4":
-            tiles = [(bn, bk, False) for bn in (16, 32, 64) for bk in (128, 256, 512)]
-            tiles += [(64, 64, False), (128, 64, False)]
+        if kind == "w4":   # tiles inside a group of 128; many rows a thread (x sums shared)
+            tiles = [(bn, bk, False) for bn in (256, 128, 64) for bk in (128, 64)]
         else:
             tiles = [(bn, bk, False) for bn in (8, 16) for bk in (512, 1024)] + [(32, 256, False)]
-        tiles += [(16, 256, True)]
+        if kind == "w4":
+            tiles += [(16, 256, True)]
+        else:              # native e4m3 tensor cores: wgmma wants >= 64 rows
+            tiles += [(128, 256, True), (64, 256, True), (128, 128, True)]
     else:
-        if kind == "w4":   # the CUDA-core path costs ~6 instructions per weight and row
-            tiles = [(32, 128, True), (64, 128, True), (128, 128, True), (64, 256, True),
-                     (8, 128, False)]
+        if kind == "w4":   # CUDA cores: ~1.4 instructions per weight plus ~1.5 per row
+            tiles = [(32, 128, True), (64, 128, True), (128, 128, True), (64, 256, True)]
+            tiles += [(128, 128, False), (256, 128, False)] if m == 2 else [(64, 128, False)]
         else:
-            tiles = [(bn, bk, True) for bn in (64, 128) for bk in (128, 256)]
+            tiles = [(bn, bk, True) for bn in (128, 64) for bk in (256, 128)]
     out = []
     for bn, bk, dot in tiles:
         chunks = math.ceil(shape.k / bk)
@@ -140,6 +145,11 @@ class Bench:
         self.failures = 0
         self.sweeps_left = 0
         self.deadline = args.budget_s
+        self.baseline = None
+        if args.baseline and not os.path.exists(args.baseline):
+            print(f"--baseline {args.baseline}: no such file, timing without it", flush=True)
+        elif args.baseline:
+            self.baseline = load_module(args.baseline, "w4a16_gemv_before")
 
     def start_sweep(self) -> float:
         """Each sweep gets an equal share of what is left of the budget (time a sweep leaves
@@ -207,6 +217,9 @@ class Bench:
                 if shape.gated:
                     return w4a16_gemv.w4a16_gated_gemv(x, w[0], w[1], w[2], group, cfg)
                 return w4a16_gemv.w4a16_gemv(x, w[0], w[1], w[2], group, bias, cfg)
+            if self.baseline is not None:
+                rec["w4a16_gemv_before"] = self.time_baseline(x, w4s, group, bias, shape, m,
+                                                              w4_bytes)
             timed = self.sweep_kernel(
                 "w4", w4a16_gemv.default_config(m, shape.n, shape.k, group), w4_call, w4s,
                 w4a16_reference(x, *w4, group, bias, shape.gated), w4_bytes / 2.5e12, m, shape,
@@ -228,6 +241,31 @@ class Bench:
         if not args.smoke:
             torch.cuda.empty_cache()
         return records
+
+    def time_baseline(self, x, weights, group, bias, shape, m, nbytes):
+        """The W4A16 GEMV of --baseline (the kernel before a change) at its own selected config,
+        checked like the sweep's; None if it disagrees or fails."""
+        from autoglm_serve.quantization.kernel_checks import w4a16_reference
+        old = self.baseline
+        cfg = old.select_config(m, shape.n, shape.k, group, shape.gated)
+
+        def call(w):
+            if shape.gated:
+                return old.w4a16_gated_gemv(x, w[0], w[1], w[2], group, cfg)
+            return old.w4a16_gemv(x, w[0], w[1], w[2], group, bias, cfg)
+        try:
+            err = rel_err(call(weights[0]),
+                          w4a16_reference(x, *weights[0], group, bias, shape.gated))
+            if not err < 1e-2:
+                print(f"    WRONG baseline {shape.name} M={m} {cfg}: {err:.3g}", flush=True)
+                return None
+            t = time_calls([lambda w=w: call(w) for w in weights], nbytes / 2e12,
+                           self.args.smoke)
+        except Exception as exc:
+            print(f"    failed baseline {shape.name} M={m}: {type(exc).__name__}: "
+                  f"{str(exc)[:160]}", flush=True)
+            return None
+        return {"us": t * 1e6, "tbs": nbytes / t / 1e12, "config": list(cfg)}
 
     def sweep_kernel(self, kind, default, call, weights, reference, est, m, shape, label):
         """Times ``call(cfg, w)`` round-robin over the weight copies, each config checked on the
@@ -271,6 +309,17 @@ class Bench:
                       flush=True)
 
 
+def load_module(path: str, name: str):
+    """A kernel module from a file (e.g. ``git show REV:autoglm_serve/kernels/w4a16_gemv.py``):
+    Triton's jit reads its source, so it is imported from the file, not exec'd."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, os.path.abspath(path))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def total_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -306,6 +355,10 @@ def print_record(rec):
     print(f"{'':>13}   W4A16 GEMM {cell('w4a16_gemm')} | FP8 _scaled_mm torch-quant "
           f"{cell('fp8_scaled_mm_torch_quant')}, fused-quant {cell('fp8_scaled_mm_fused_quant')}",
           flush=True)
+    if rec.get("w4a16_gemv_before"):
+        b = rec["w4a16_gemv_before"]
+        print(f"{'':>13}   w4a16_gemv before {b['us']:7.1f} us {b['tbs']:.2f} TB/s "
+              f"{tuple(b['config'])}", flush=True)
     for kind in ("w4a16_gemv", "fp8_gemv"):
         for i, e in enumerate(rec[kind]):
             print(f"{'':>13}   {kind} #{i + 1} {e['us']:7.1f} us {e['tbs']:.2f} TB/s "
@@ -318,6 +371,9 @@ MODES = {
     "bf16 (engine: min cuBLAS, GEMV)": lambda r: min(r["bf16_cublas"]["us"], r["bf16_gemv"]["us"]),
     "bf16 cuBLAS": lambda r: r["bf16_cublas"]["us"],
     "W4A16 GEMM kernel (before)": lambda r: r["w4a16_gemm"]["us"],
+    "W4A16 GEMV before (--baseline, its table)": lambda r: (
+        min(r["w4a16_gemm"]["us"], r["w4a16_gemv_before"]["us"])
+        if r.get("w4a16_gemv_before") else None),
     "W4A16 (with the table)": lambda r: min([r["w4a16_gemm"]["us"]]
                                             + [e["us"] for e in r["w4a16_gemv"][:1]]),
     "FP8 _scaled_mm + torch quant (before)": lambda r: r["fp8_scaled_mm_torch_quant"]["us"],
@@ -330,7 +386,10 @@ def step_ms(records, m, key, lm_head_us) -> float | None:
     rows = [r for r in records if r["m"] == m]
     if len(rows) != len(SHAPES):
         return None
-    return (LAYERS * sum(key(r) for r in rows) + lm_head_us) / 1e3
+    times = [key(r) for r in rows]
+    if None in times:
+        return None
+    return (LAYERS * sum(times) + lm_head_us) / 1e3
 
 
 def time_lm_head(bench) -> dict[int, float]:
@@ -380,6 +439,21 @@ def large_m(bench, shapes) -> list[dict]:
     return out
 
 
+def result_table(records) -> str:
+    """One line per (shape, M): us (TB/s of the quantized bytes; bf16: its own) per kernel."""
+    def cell(v):
+        return f"{v['us']:7.1f} ({v['tbs']:.2f})" if v else f"{'-':>14}"
+    lines = [f"{'shape':>13} {'M':>2} | {'bf16 cuBLAS':>14} | {'W4 GEMM':>14} | "
+             f"{'W4 GEMV before':>14} | {'W4 GEMV now':>14} | {'FP8 GEMV':>14} | best W4 config"]
+    for r in records:
+        now = r["w4a16_gemv"][0] if r["w4a16_gemv"] else None
+        f8 = r["fp8_gemv"][0] if r["fp8_gemv"] else None
+        lines.append(f"{r['shape']:>13} {r['m']:>2} | {cell(r['bf16_cublas'])} | "
+                     f"{cell(r['w4a16_gemm'])} | {cell(r.get('w4a16_gemv_before'))} | "
+                     f"{cell(now)} | {cell(f8)} | {tuple(now['config']) if now else '-'}")
+    return "\n".join(lines)
+
+
 def tables(records) -> str:
     from autoglm_serve.kernels.gemv import rows_bucket
     w4 = ["# paste into autoglm_serve/kernels/w4a16_gemv.py (None: kernels/wna16.py was faster)",
@@ -411,6 +485,8 @@ def main():
     ap.add_argument("--large-ms", default="256,2048")
     ap.add_argument("--shapes", default=",".join(s.name for s in SHAPES))
     ap.add_argument("--budget-s", type=float, default=170.0)
+    ap.add_argument("--baseline", help="a w4a16_gemv.py to time beside the current one, e.g. "
+                    "from `git show REV:autoglm_serve/kernels/w4a16_gemv.py`")
     args = ap.parse_args()
     args.ms = [int(v) for v in args.ms.split(",")]
     args.large_ms = [int(v) for v in args.large_ms.split(",")]
@@ -442,9 +518,11 @@ def main():
     for m in args.ms:
         line = {name: step_ms(records, m, key, lm_head[m]) for name, key in MODES.items()}
         summary[m] = line
-        if all(v is not None for v in line.values()):
+        if any(v is not None for v in line.values()):
             print(f"decode-step GEMMs at M={m} (40 layers + bf16 lm_head {lm_head[m]:.0f} us): "
-                  + "; ".join(f"{k} {v:.3f} ms" for k, v in line.items()), flush=True)
+                  + "; ".join(f"{k} {v:.3f} ms" for k, v in line.items() if v is not None),
+                  flush=True)
+    print("\n" + result_table(records), flush=True)
     big = large_m(bench, shapes)
     table = tables(records)
     print("\n" + table, flush=True)
