@@ -47,22 +47,22 @@ MIN_SCALE = tl.constexpr(1e-12)     # as quantization/fp8.py
 # (kind, rows bucket, N, K) -> config (or None: _scaled_mm), from the H200.
 # (scripts/gpu/quant_gemv_bench.py, 2026-12-01; comments: this config, the fallback)
 TUNED: dict[tuple[str, int, int, int], GemvConfig | None] = {
-    ('gated', 1, 13696, 4096): GemvConfig(8, 512, 1, 4, 3, False),  # 40.4 us, _scaled_mm 46.5
-    ('gated', 2, 13696, 4096): None,  # 65.6 us, _scaled_mm 47.8
-    ('gated', 4, 13696, 4096): None,  # 66.1 us, _scaled_mm 47.1
-    ('gated', 8, 13696, 4096): None,  # 66.0 us, _scaled_mm 47.2
-    ('linear', 1, 4096, 13696): GemvConfig(8, 1024, 1, 4, 3, False),  # 21.8 us, _scaled_mm 45.1
-    ('linear', 2, 4096, 13696): None,  # 49.0 us, _scaled_mm 45.6
-    ('linear', 4, 4096, 13696): None,  # 49.3 us, _scaled_mm 45.4
-    ('linear', 8, 4096, 13696): None,  # 51.1 us, _scaled_mm 45.0
-    ('linear', 1, 4608, 4096): GemvConfig(8, 512, 1, 4, 3, False),  # 10.3 us, _scaled_mm 17.2
-    ('linear', 2, 4608, 4096): None,  # 20.1 us, _scaled_mm 18.3
-    ('linear', 4, 4608, 4096): None,  # 20.9 us, _scaled_mm 18.6
-    ('linear', 8, 4608, 4096): None,  # 21.0 us, _scaled_mm 18.4
-    ('linear', 1, 4096, 4096): GemvConfig(8, 1024, 1, 4, 3, False),  # 8.2 us, _scaled_mm 15.7
-    ('linear', 2, 4096, 4096): None,  # 16.8 us, _scaled_mm 15.7
-    ('linear', 4, 4096, 4096): None,  # 17.0 us, _scaled_mm 15.7
-    ('linear', 8, 4096, 4096): None,  # 17.1 us, _scaled_mm 15.7
+    ('gated', 1, 13696, 4096): GemvConfig(8, 512, 1, 4, 3, False),  # 40.6 us, _scaled_mm 51.8
+    ('gated', 2, 13696, 4096): GemvConfig(128, 128, 2, 4, 3, True),  # 45.1 us, _scaled_mm 48.8
+    ('gated', 4, 13696, 4096): GemvConfig(64, 128, 1, 8, 4, True),  # 41.2 us, _scaled_mm 49.0
+    ('gated', 8, 13696, 4096): GemvConfig(64, 128, 1, 8, 4, True),  # 41.6 us, _scaled_mm 52.4
+    ('linear', 1, 4096, 13696): GemvConfig(8, 1024, 1, 4, 3, False),  # 21.9 us, _scaled_mm 51.4
+    ('linear', 2, 4096, 13696): GemvConfig(64, 256, 4, 4, 3, True),  # 36.6 us, _scaled_mm 50.1
+    ('linear', 4, 4096, 13696): GemvConfig(64, 256, 4, 8, 4, True),  # 36.3 us, _scaled_mm 51.2
+    ('linear', 8, 4096, 13696): GemvConfig(64, 256, 4, 8, 4, True),  # 36.6 us, _scaled_mm 47.9
+    ('linear', 1, 4608, 4096): GemvConfig(8, 512, 1, 4, 3, False),  # 10.3 us, _scaled_mm 19.6
+    ('linear', 2, 4608, 4096): GemvConfig(64, 256, 4, 4, 3, True),  # 13.8 us, _scaled_mm 20.6
+    ('linear', 4, 4608, 4096): GemvConfig(64, 256, 4, 4, 3, True),  # 14.4 us, _scaled_mm 21.0
+    ('linear', 8, 4608, 4096): GemvConfig(64, 256, 4, 4, 3, True),  # 14.6 us, _scaled_mm 20.2
+    ('linear', 1, 4096, 4096): GemvConfig(8, 1024, 1, 4, 3, False),  # 8.2 us, _scaled_mm 16.9
+    ('linear', 2, 4096, 4096): GemvConfig(64, 256, 4, 4, 3, True),  # 12.4 us, _scaled_mm 16.9
+    ('linear', 4, 4096, 4096): GemvConfig(64, 256, 4, 4, 3, True),  # 12.9 us, _scaled_mm 16.9
+    ('linear', 8, 4096, 4096): GemvConfig(64, 256, 4, 4, 3, True),  # 13.0 us, _scaled_mm 16.3
 }
 
 

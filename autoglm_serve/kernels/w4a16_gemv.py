@@ -57,22 +57,22 @@ ODD_EXP = 0x41800000
 # (kind, rows bucket, N, K, group) -> config (or None: kernels/wna16.py), from the H200.
 # (scripts/gpu/quant_gemv_bench.py, 2026-12-01; comments: this config, the fallback)
 TUNED: dict[tuple[str, int, int, int, int], GemvConfig | None] = {
-    ('gated', 1, 13696, 4096, 128): GemvConfig(32, 128, 2, 4, 3, False),  # 38.1 us, wna16 228.4
-    ('gated', 2, 13696, 4096, 128): GemvConfig(64, 128, 2, 4, 3, True),  # 75.4 us, wna16 217.9
-    ('gated', 4, 13696, 4096, 128): GemvConfig(64, 128, 2, 4, 3, True),  # 79.5 us, wna16 217.7
-    ('gated', 8, 13696, 4096, 128): GemvConfig(64, 128, 4, 4, 3, True),  # 87.7 us, wna16 217.7
-    ('linear', 1, 4096, 13696, 128): GemvConfig(16, 128, 4, 4, 3, False),  # 28.9 us, wna16 114.1
-    ('linear', 2, 4096, 13696, 128): GemvConfig(64, 128, 8, 4, 3, True),  # 37.3 us, wna16 110.9
-    ('linear', 4, 4096, 13696, 128): GemvConfig(64, 128, 8, 4, 3, True),  # 40.3 us, wna16 110.9
-    ('linear', 8, 4096, 13696, 128): GemvConfig(64, 128, 8, 4, 3, True),  # 47.8 us, wna16 110.8
-    ('linear', 1, 4608, 4096, 128): GemvConfig(32, 128, 4, 4, 3, False),  # 11.1 us, wna16 59.8
-    ('linear', 2, 4608, 4096, 128): GemvConfig(64, 128, 8, 4, 3, True),  # 15.6 us, wna16 57.6
-    ('linear', 4, 4608, 4096, 128): GemvConfig(64, 128, 8, 4, 3, True),  # 16.9 us, wna16 57.7
-    ('linear', 8, 4608, 4096, 128): GemvConfig(64, 128, 8, 4, 2, True),  # 19.3 us, wna16 57.6
-    ('linear', 1, 4096, 4096, 128): GemvConfig(64, 128, 4, 4, 3, False),  # 10.8 us, wna16 35.8
-    ('linear', 2, 4096, 4096, 128): GemvConfig(64, 128, 4, 4, 3, True),  # 17.4 us, wna16 36.1
-    ('linear', 4, 4096, 4096, 128): GemvConfig(64, 128, 8, 4, 3, True),  # 14.2 us, wna16 36.1
-    ('linear', 8, 4096, 4096, 128): GemvConfig(64, 128, 8, 4, 3, True),  # 16.4 us, wna16 36.1
+    ('gated', 1, 13696, 4096, 128): GemvConfig(128, 128, 4, 4, 3, False),  # 35.9 us, GEMM kernel 228.1
+    ('gated', 2, 13696, 4096, 128): GemvConfig(64, 128, 2, 4, 3, True),  # 70.3 us, GEMM kernel 217.5
+    ('gated', 4, 13696, 4096, 128): GemvConfig(128, 128, 2, 4, 3, True),  # 72.8 us, GEMM kernel 217.4
+    ('gated', 8, 13696, 4096, 128): GemvConfig(128, 128, 2, 4, 3, True),  # 75.3 us, GEMM kernel 217.3
+    ('linear', 1, 4096, 13696, 128): GemvConfig(128, 128, 8, 4, 3, False),  # 20.6 us, GEMM kernel 114.2
+    ('linear', 2, 4096, 13696, 128): GemvConfig(128, 128, 8, 4, 3, True),  # 40.5 us, GEMM kernel 111.0
+    ('linear', 4, 4096, 13696, 128): GemvConfig(64, 128, 8, 4, 3, True),  # 40.0 us, GEMM kernel 110.8
+    ('linear', 8, 4096, 13696, 128): GemvConfig(128, 128, 8, 4, 3, True),  # 45.8 us, GEMM kernel 110.6
+    ('linear', 1, 4608, 4096, 128): GemvConfig(128, 128, 8, 4, 3, False),  # 8.5 us, GEMM kernel 59.6
+    ('linear', 2, 4608, 4096, 128): GemvConfig(128, 128, 8, 4, 3, True),  # 15.5 us, GEMM kernel 57.4
+    ('linear', 4, 4608, 4096, 128): GemvConfig(128, 128, 8, 4, 3, True),  # 15.8 us, GEMM kernel 57.4
+    ('linear', 8, 4608, 4096, 128): GemvConfig(128, 128, 8, 4, 3, True),  # 17.5 us, GEMM kernel 57.6
+    ('linear', 1, 4096, 4096, 128): GemvConfig(128, 128, 8, 4, 3, False),  # 7.0 us, GEMM kernel 35.7
+    ('linear', 2, 4096, 4096, 128): GemvConfig(128, 128, 8, 4, 3, True),  # 13.0 us, GEMM kernel 36.0
+    ('linear', 4, 4096, 4096, 128): GemvConfig(128, 128, 8, 4, 3, True),  # 13.4 us, GEMM kernel 35.9
+    ('linear', 8, 4096, 4096, 128): GemvConfig(128, 128, 8, 4, 3, True),  # 14.6 us, GEMM kernel 35.9
 }
 
 
