@@ -2,6 +2,8 @@
 GEMM against the product of its dequantized operands: on CPU in the Triton interpreter at small
 shapes that span partial tiles and every group size, on CUDA at AutoGLM-Phone-9B's shapes and
 inside a CUDA graph."""
+import gc
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -154,5 +156,7 @@ def test_engine_serves_w4a16_and_fp8_dummy_autoglm_with_cuda_graphs():
                            SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
         assert len(out[0].outputs[0].token_ids) == 16
         assert llm.engine.core.runner.graphs is not None
+        llm.shutdown()
         del llm
+        gc.collect()        # the engine's objects hold cycles: free its KV cache before the next
         torch.cuda.empty_cache()
