@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from autoglm_serve.host_transfer import to_device
 from autoglm_serve.kernels import fused_kernels_on
 from autoglm_serve.models.layers.activation import SiluAndMul
 from autoglm_serve.models.layers.norm import RMSNorm
@@ -222,7 +223,9 @@ class Glm4vVisionTower(nn.Module):
         """Learned side x side table, bicubic-sampled at each patch's centre in its own image's grid."""
         per_image = torch.tensor([[h, w] for _, h, w in grid_thw], dtype=torch.float32)
         counts = torch.tensor([t * h * w for t, h, w in grid_thw])
-        sizes = per_image.repeat_interleave(counts, dim=0).to(rows_cols.device)
+        # pinned and queued: a pageable copy would wait for all the GPU work in flight
+        sizes = to_device(per_image.repeat_interleave(counts, dim=0), torch.float32,
+                          rows_cols.device)
         centre = (rows_cols.float() + 0.5) / sizes * 2 - 1          # [-1, 1], align_corners=False
         grid = centre.flip(-1).view(1, -1, 1, 2)                    # grid_sample wants (x=col, y=row)
         table = self.pos_embed.float().t().reshape(1, self.hidden, self.pos_side, self.pos_side)
