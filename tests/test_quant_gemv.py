@@ -186,7 +186,10 @@ def test_compiled_gemvs_at_the_model_shapes(dtype):
                 out = (w4a16_gemv.w4a16_gated_gemv(x, qw, s, z, 128, cfg) if gated
                        else w4a16_gemv.w4a16_gemv(x, qw, s, z, 128, None, cfg))
                 assert rel(out, want) < 1e-2, (n, k, m, cfg)
-            for cfg in (None, Config(128, 256, 2, dot=True)):
+            f8_configs = [None, Config(128, 256, 2, dot=True)]
+            if m == 1:    # the packed-half one-row kernel at other tiles
+                f8_configs += [Config(256, 128, 4, dot=False), Config(64, 128, 1, dot=False)]
+            for cfg in f8_configs:
                 out = (fp8_gemv.fp8_gated_gemv(x, w, ws, cfg) if gated
                        else fp8_gemv.fp8_gemv(x, w, ws, None, cfg))
                 assert rel(out, want8) < 1e-2, (n, k, m, cfg)
