@@ -16,9 +16,10 @@ workspaces) with these changes:
   (``_integer_nibble``, one LOP3 and a shift per two nibbles); on CUDA cores the group's scale
   and zero are factored out of each word's sum, s * (sum_j x_j v_j - sum_j 2**e_j x_j -
   z sum_j x_j), the two x sums shared by all the rows a thread holds, so a weight costs its
-  LOP3 and one fma (3.7 instructions per weight in the sm_90 SASS at 256 x 128, one row; 6.3
+  LOP3 and one fma (3.6 instructions per weight in the sm_90 SASS at 256 x 128, one row; 6.3
   before, when the zero and scale took an fma per weight and the tile was laid out one row
-  per thread);
+  per thread); the activations and those sums are computed once per program into a scratch
+  (3.7 -> 3.6 gated, 4.3 -> 4.0 at 128 x 128), not by every thread holding other rows;
 - CUDA cores (``dot=False``, any rows): products accumulated elementwise in fp32 and reduced
   across K once at the end; ``dot=True`` (2..MAX_ROWS rows): eight tensor-core products per
   tile of the exact integers q - z in x's dtype (``_integer_weights``), scaled after them when
@@ -78,8 +79,8 @@ TUNED: dict[tuple[str, int, int, int, int], GemvConfig | None] = {
 
 def default_config(m: int, n: int, k: int, group: int) -> GemvConfig:
     """Untuned: split-K up to ~256 programs. One row on CUDA cores in 128 x 128 tiles: a thread
-    holds 4 words of 4 rows and shares its activations' sums across them (4.3 instructions per
-    weight in the sm_90 SASS, gated 3.8; 64 x 128 takes 5.5, 256 x 128 3.7 but makes few
+    holds 4 words of 4 rows and shares its activations' sums across them (4.0 instructions per
+    weight in the sm_90 SASS, gated 3.6; 64 x 128 takes 5.5, 256 x 128 3.7 but makes few
     programs). More rows on tensor cores in 128 x 128 tiles (5.0 per weight, whatever the
     rows; 64 x 128: 6.3)."""
     block_n, block_k = 128, 128
@@ -254,8 +255,38 @@ def _tile_cuda_cores(acc, p, s_ptrs, z_ptrs, xs, even_exp, odd_exp, HAS_ZEROS: t
 
 
 @triton.jit
+def _store_planes(ptrs, plane, xs, mask):
+    """The 10 [BLOCK_M, BW] tensors of ``_x_values`` to planes ``plane`` apart."""
+    x0, x1, x2, x3, x4, x5, x6, x7, offset, total = xs
+    tl.store(ptrs, x0, mask=mask)
+    tl.store(ptrs + plane, x1, mask=mask)
+    tl.store(ptrs + 2 * plane, x2, mask=mask)
+    tl.store(ptrs + 3 * plane, x3, mask=mask)
+    tl.store(ptrs + 4 * plane, x4, mask=mask)
+    tl.store(ptrs + 5 * plane, x5, mask=mask)
+    tl.store(ptrs + 6 * plane, x6, mask=mask)
+    tl.store(ptrs + 7 * plane, x7, mask=mask)
+    tl.store(ptrs + 8 * plane, offset, mask=mask)
+    tl.store(ptrs + 9 * plane, total, mask=mask)
+
+
+@triton.jit
+def _load_planes(ptrs, plane, mask):
+    """``_store_planes``' tensors back (0 where masked, as ``_x_values`` gives there)."""
+    return (tl.load(ptrs, mask=mask, other=0.0), tl.load(ptrs + plane, mask=mask, other=0.0),
+            tl.load(ptrs + 2 * plane, mask=mask, other=0.0),
+            tl.load(ptrs + 3 * plane, mask=mask, other=0.0),
+            tl.load(ptrs + 4 * plane, mask=mask, other=0.0),
+            tl.load(ptrs + 5 * plane, mask=mask, other=0.0),
+            tl.load(ptrs + 6 * plane, mask=mask, other=0.0),
+            tl.load(ptrs + 7 * plane, mask=mask, other=0.0),
+            tl.load(ptrs + 8 * plane, mask=mask, other=0.0),
+            tl.load(ptrs + 9 * plane, mask=mask, other=0.0))
+
+
+@triton.jit
 def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr,
-                       M, N, K, x_stride, words, groups, even_exp, odd_exp,
+                       xs_ptr, M, N, K, x_stride, words, groups, even_exp, odd_exp,
                        GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, X_PAIRS: tl.constexpr,
                        HAS_BIAS: tl.constexpr, GATED: tl.constexpr, USE_DOT: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -297,6 +328,21 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
 
     k_start, k_end = split_k_range(pid_k, K, BLOCK_K, SPLIT_K)
     wait_for_previous_grid(PDL)
+    # CUDA cores: the activations' values and sums (``_x_values``) of this program's run of K,
+    # computed once into the scratch (plane j of 10: [BLOCK_M, words] fp32), where each
+    # thread holding other rows of the same words redid them every tile; programs of the same
+    # split write the same bits. A barrier: a CTA's global writes are then visible to it.
+    xs_tile = xs_ptr + offs_m[:, None] * words + offs_w[None, :]
+    plane = BLOCK_M * words
+    if not USE_DOT:
+        for k in range(k_start, k_end, BLOCK_K):
+            if EVEN_K:
+                x_mask = m_mask
+            else:
+                x_mask = m_mask & (offs_w < words - k // 8)[None, :]
+            xs = _x_values(x_base + (k // 2 if X_PAIRS else k), x_mask, X_PAIRS)
+            _store_planes(xs_tile + k // 8, plane, xs, (offs_w < words - k // 8)[None, :])
+        tl.debug_barrier()
     for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
         w_mask = wo < words - k // 8
         if ONE_GROUP:    # the tile lies in one group of each row: one scale per row
@@ -314,7 +360,7 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
             acc = _tile_dot(acc, p, s_ptr + g, z_ptr + g, x_tile, x_mask, HAS_ZEROS, ONE_GROUP,
                             COMPILED)
         else:
-            xs = _x_values(x_tile, x_mask, X_PAIRS)
+            xs = _load_planes(xs_tile + k // 8, plane, x_mask)
             acc = _tile_cuda_cores(acc, p, s_ptr + g, z_ptr + g, xs, even_exp, odd_exp,
                                    HAS_ZEROS, COMPILED)
         if GATED:
@@ -360,6 +406,21 @@ def supports(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits:
     return key not in TUNED or TUNED[key] is not None
 
 
+# (device, K, BLOCK_M) -> fp32 [10, BLOCK_M, K / 8]: the CUDA-core path's activation planes,
+# allocated once (a captured CUDA graph keeps pointing at it). Every launch rewrites what it
+# reads after its wait for the previous kernel (pdl.py's contract keeps a stream's kernels in
+# order), so one buffer serves every shape of that K; like gemv.workspace's split-K counters,
+# it assumes no two of these GEMVs run at once on different streams.
+_scratches: dict[tuple, torch.Tensor] = {}
+
+
+def _scratch(device, k: int, block_m: int) -> torch.Tensor:
+    if (device, k, block_m) not in _scratches:
+        _scratches[device, k, block_m] = torch.empty(10 * block_m * (k // 8),
+                                                     dtype=torch.float32, device=device)
+    return _scratches[device, k, block_m]
+
+
 def _launch(x, qweight, scales, zeros, group, bias, n, gated, config):
     k = x.shape[-1]
     x2 = as_rows(x, k, MAX_ROWS)
@@ -377,7 +438,7 @@ def _launch(x, qweight, scales, zeros, group, bias, n, gated, config):
     _w4a16_gemv_kernel[(tiles, cfg.split_k)](
         x2.view(torch.int32) if pairs else x2, qweight, scales,
         zeros if zeros is not None else scales, bias if bias is not None else scales, y,
-        partials, counts, m, n, k, k // 2 if pairs else k, k // 8, k // group, EVEN_EXP,
+        partials, counts, scales if cfg.dot else _scratch(x.device, k, block_m), m, n, k, k // 2 if pairs else k, k // 8, k // group, EVEN_EXP,
         ODD_EXP,
         GROUP=group, HAS_ZEROS=zeros is not None, X_PAIRS=pairs, HAS_BIAS=bias is not None,
         GATED=gated, USE_DOT=cfg.dot, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
