@@ -36,7 +36,7 @@ def compile_kernel(kind: str, bm, bn, bk, split, dot, gated, warps=4, stages=3):
                "z_ptr": "*u8", "bias_ptr": "*bf16", "y_ptr": "*bf16", "partial_ptr": "*fp32",
                "count_ptr": "*i32", "xs_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
                "x_stride": "i32",
-               "words": "i32", "groups": "i32", "even_exp": "i32", "odd_exp": "i32"}
+               "words": "i32", "groups": "i32", "e8": "i32", "e4": "i32", "e7": "i32", "e12": "i32"}
         consts = dict(GROUP=128, HAS_ZEROS=True, X_PAIRS=0 if dot else 1)
     elif kind == "fp8row":      # the one-row packed-half kernel (BLOCK_M 1, dot 0)
         fn = fp8_gemv._fp8_row_kernel

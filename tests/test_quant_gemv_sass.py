@@ -28,7 +28,7 @@ def test_default_configs_compile_lean_for_sm90():
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.splitlines()
     assert len(lines) == 6, r.stdout
-    for line, most in zip(lines, (4.8, 4.3, 6.0, 1.8, 4.5, 2.0)):
+    for line, most in zip(lines, (4.3, 3.8, 6.0, 1.8, 4.5, 2.0)):
         assert " 0 bytes local" in line, line             # no spills
         per_weight = float(re.search(r"= ([\d.]+) per weight", line).group(1))
         assert 0 < per_weight < most, line
