@@ -136,11 +136,12 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr, count_p
 # The one-row CUDA-core path, compiled (the interpreter runs no PTX: ``_fp8_gemv_kernel``
 # there). Products of two e4m3 values have <= 8 significant bits: with the activation taken as
 # xq / 32 they are exact in f16 (smallest bit 2**-9 * 2**-14 >= f16's 2**-24, largest
-# 448 * 14, four of them < 65504), so a word of four weights is converted (cvt e4m3x2 -> f16x2,
-# two per word) and multiplied in packed halves (HFMA2, two weights an instruction); each
-# half's chain of 4 products (two words, one of each half tile) is rounded to f16's 11 bits
-# three times, then both go into the fp32 accumulator. That is less rounding than the e4m3
-# tensor-core path above (up to BLOCK_K products in its reduced-precision accumulator).
+# 448 * 14 = 6272, eight of them 50176 < 65504), so a word of four weights is converted (cvt
+# e4m3x2 -> f16x2, two per word) and multiplied in packed halves (HFMA2, two weights an
+# instruction); each half's chain of 8 products (four words, one of each quarter tile) is
+# rounded to f16's 11 bits 7 times, then both halves go into the fp32 accumulator. That is
+# less rounding than the e4m3 tensor-core path above (up to BLOCK_K products in its
+# reduced-precision accumulator).
 def _x_pairs_asm(widen: str) -> tl.constexpr:
     """The PTX of ``_quantized_x_pairs`` for a way to widen the 16-bit pairs p0, p1 to f32."""
     return tl.constexpr(
