@@ -561,7 +561,7 @@ def main():
                   + "; ".join(f"{k} {v:.3f} ms" for k, v in line.items() if v is not None),
                   flush=True)
     print("\n" + result_table(records), flush=True)
-    big = large_m(bench, shapes)
+    big = large_m(bench, shapes) if args.large_ms else []
     table = tables(records)
     print("\n" + table, flush=True)
     print(f"\n{bench.elapsed():.0f} s, {bench.failures} configs disagreed with the references",
