@@ -3,11 +3,10 @@ registers, spills and the instructions of the main loop per weight a thread hand
 compare configs and kernel changes on a CPU-only machine (triton.compile with a GPUTarget, the
 ptxas and cuobjdump bundled with Triton).
 
-    python3 scripts/quant_gemv_sass.py w4 1,64,128,2,0,0 fp8 1,16,512,1,0,0 fp8row 1,128,128,2,0,0
+    python3 scripts/quant_gemv_sass.py w4 1,64,128,2,0,0 fp8 1,16,512,1,0,0
 
 Each config: BLOCK_M,BLOCK_N,BLOCK_K,SPLIT_K,dot,gated (BLOCK_M as the launcher pads it:
-16 for dot, else the rows rounded up to a power of two); num_warps 4, num_stages 3. fp8row:
-the FP8 one-row kernel the compiled launcher takes (BLOCK_M 1, dot 0).
+16 for dot, else the rows rounded up to a power of two); num_warps 4, num_stages 3.
 """
 from __future__ import annotations
 
@@ -34,26 +33,17 @@ def compile_kernel(kind: str, bm, bn, bk, split, dot, gated, warps=4, stages=3):
         # bf16 activations: CUDA cores read them as int32 pairs, as the launcher passes them
         sig = {"x_ptr": "*bf16" if dot else "*i32", "qw_ptr": "*i32", "s_ptr": "*bf16",
                "z_ptr": "*u8", "bias_ptr": "*bf16", "y_ptr": "*bf16", "partial_ptr": "*fp32",
-               "count_ptr": "*i32", "xs_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
-               "x_stride": "i32",
-               "words": "i32", "groups": "i32", "e8": "i32", "e4": "i32", "e7": "i32", "e12": "i32"}
+               "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "x_stride": "i32",
+               "words": "i32", "groups": "i32", "even_exp": "i32", "odd_exp": "i32"}
         consts = dict(GROUP=128, HAS_ZEROS=True, X_PAIRS=0 if dot else 1)
-    elif kind == "fp8row":      # the one-row packed-half kernel (BLOCK_M 1, dot 0)
-        fn = fp8_gemv._fp8_row_kernel
-        sig = {"x_ptr": "*bf16", "x4_ptr": "*i64", "xq_ptr": "*i64", "w_ptr": "*i32", "ws_ptr": "*fp32",
-               "bias_ptr": "*bf16", "y_ptr": "*bf16", "partial_ptr": "*fp32",
-               "count_ptr": "*i32", "N": "i32", "K": "i32", "words": "i32"}
-        consts = dict(X_F16=False)
     else:
         fn = fp8_gemv._fp8_gemv_kernel
         sig = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "bias_ptr": "*bf16",
                "y_ptr": "*bf16", "partial_ptr": "*fp32", "count_ptr": "*i32", "M": "i32",
                "N": "i32", "K": "i32"}
         consts = {}
-    consts.update(HAS_BIAS=False, GATED=gated, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
-                  NUM_STAGES=stages, PDL=True)
-    if kind != "fp8row":
-        consts.update(USE_DOT=dot, BLOCK_M=bm, EVEN_K=True)
+    consts.update(HAS_BIAS=False, GATED=gated, USE_DOT=dot, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                  SPLIT_K=split, EVEN_K=True, NUM_STAGES=stages, PDL=True)
     if kind == "w4":
         consts["COMPILED"] = True
     sig.update({c: "constexpr" for c in consts})

@@ -34,9 +34,8 @@ W4_CONFIGS = {1: [Config(16, 64, 1), Config(8, 256, 2, dot=False)],
 @pytest.mark.parametrize("zeros", [False, True])
 @pytest.mark.parametrize("m", [1, 3, 8])
 def test_w4a16_gemv_matches_dequantized_matmul(group, zeros, m):
-    """fp32 activations, bf16 scales: the dequantized weights are exact, so only fp32 rounding
-    differs from the reference (on CUDA cores a word's sum passes 4096 * x for one nibble,
-    ``_integer_nibble``: ~2**-15 of it, 1e-4 here; 1e-5 held with two nibbles a shift)."""
+    """fp32 activations, bf16 scales: the dequantized weights are exact, so only the fp32
+    summation order differs from the reference."""
     k = 320 if group != 128 else 384       # K a multiple of the group
     g = gen()
     qw, s, z = random_w4(37, k, group, zeros, torch.bfloat16, DEVICE, g)
@@ -45,7 +44,7 @@ def test_w4a16_gemv_matches_dequantized_matmul(group, zeros, m):
     for cfg in W4_CONFIGS[m]:
         out = w4a16_gemv.w4a16_gemv(x, qw, s, z, group, bias if zeros else None, cfg)
         assert out.shape == (m, 37) and out.dtype == torch.float32
-        assert rel(out, w4a16_reference(x, qw, s, z, group, bias if zeros else None)) < 1e-4, cfg
+        assert rel(out, w4a16_reference(x, qw, s, z, group, bias if zeros else None)) < 1e-5, cfg
 
 
 @pytest.mark.parametrize("m", [1, 3])
@@ -187,10 +186,7 @@ def test_compiled_gemvs_at_the_model_shapes(dtype):
                 out = (w4a16_gemv.w4a16_gated_gemv(x, qw, s, z, 128, cfg) if gated
                        else w4a16_gemv.w4a16_gemv(x, qw, s, z, 128, None, cfg))
                 assert rel(out, want) < 1e-2, (n, k, m, cfg)
-            f8_configs = [None, Config(128, 256, 2, dot=True)]
-            if m == 1:    # the packed-half one-row kernel at other tiles
-                f8_configs += [Config(256, 128, 4, dot=False), Config(64, 128, 1, dot=False)]
-            for cfg in f8_configs:
+            for cfg in (None, Config(128, 256, 2, dot=True)):
                 out = (fp8_gemv.fp8_gated_gemv(x, w, ws, cfg) if gated
                        else fp8_gemv.fp8_gemv(x, w, ws, None, cfg))
                 assert rel(out, want8) < 1e-2, (n, k, m, cfg)

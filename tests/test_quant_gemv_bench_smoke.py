@@ -11,10 +11,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_quant_gemv_bench_smoke_runs(tmp_path):
     out = tmp_path / "bench.json"
-    # the current kernels stand in for --baseline(-fp8) (earlier copies of them on the H200)
+    # the current kernel stands in for --baseline (an earlier copy of it on the H200)
     r = subprocess.run([sys.executable, "scripts/gpu/quant_gemv_bench.py", "--smoke", "--out",
-                        str(out), "--baseline", "autoglm_serve/kernels/w4a16_gemv.py",
-                        "--baseline-fp8", "autoglm_serve/kernels/fp8_gemv.py"],
+                        str(out), "--baseline", "autoglm_serve/kernels/w4a16_gemv.py"],
                        capture_output=True, text=True, cwd=ROOT, timeout=300,
                        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
@@ -26,6 +25,5 @@ def test_quant_gemv_bench_smoke_runs(tmp_path):
         (s, m) for s in ("gate_up+silu", "qkv") for m in (1, 3)}
     for rec in result["records"]:
         assert rec["w4a16_gemv"] and rec["fp8_gemv"] and rec["w4a16_gemv_before"], rec
-        assert rec["fp8_gemv_before"], rec
     assert "W4 GEMV before" in r.stdout
     assert len(result["large_m"]) == 2

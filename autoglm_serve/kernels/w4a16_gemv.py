@@ -13,14 +13,12 @@ workspaces) with these changes:
   shared-memory round trip in Triton);
 - a nibble becomes a float with no int-to-float conversion (a slow instruction on the SMs):
   moved into a float's mantissa under a fixed exponent it is exactly 2**e + q
-  (``_integer_nibble``, one LOP3 a nibble and three shifts a word); on CUDA cores the group's
-  scale and zero are factored out of each word's sum, s * (sum_j x_j v_j - sum_j 2**e_j x_j -
+  (``_integer_nibble``, one LOP3 and a shift per two nibbles); on CUDA cores the group's scale
+  and zero are factored out of each word's sum, s * (sum_j x_j v_j - sum_j 2**e_j x_j -
   z sum_j x_j), the two x sums shared by all the rows a thread holds, so a weight costs its
-  LOP3 and one fma (3.5 instructions per weight in the sm_90 SASS at 256 x 128, one row; 6.3
+  LOP3 and one fma (3.7 instructions per weight in the sm_90 SASS at 256 x 128, one row; 6.3
   before, when the zero and scale took an fma per weight and the tile was laid out one row
-  per thread); the activations and those sums are computed once per program into a scratch,
-  not by every thread holding other rows (with the three-shift words: gated 128 x 128
-  3.7 -> 3.5, plain 4.3 -> 3.9);
+  per thread);
 - CUDA cores (``dot=False``, any rows): products accumulated elementwise in fp32 and reduced
   across K once at the end; ``dot=True`` (2..MAX_ROWS rows): eight tensor-core products per
   tile of the exact integers q - z in x's dtype (``_integer_weights``), scaled after them when
@@ -49,11 +47,12 @@ ENABLED = True
 MAX_ROWS = 8
 DOT_MIN_ROWS = 16       # tl.dot's smallest tile side for 16-bit operands
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# the exponent bits of 256.0, 16.0, 128.0 and 4096.0, passed as arguments so they sit in
-# registers: ptxas then merges a nibble's and-mask and this or into one LOP3 (two immediates
-# would take two); with a nibble in mantissa bits 15..18 (19..22, 16..19, 11..14) they make the
-# float 256 + q (16 + q, 128 + q, 4096 + q), see ``_integer_nibble``
-NIBBLE_EXPS = (0x43800000, 0x41800000, 0x43000000, 0x45800000)
+# the exponent bits of 256.0 and 16.0, passed as arguments so they sit in registers: ptxas then
+# merges a nibble's and-mask and this or into one LOP3 (two immediates would take two); with a
+# nibble in mantissa bits 15..18 (19..22) they make the float 256 + q (16 + q), see
+# ``_integer_nibble``
+EVEN_EXP = 0x43800000
+ODD_EXP = 0x41800000
 
 # (kind, rows bucket, N, K, group) -> config (or None: kernels/wna16.py), from the H200.
 # (scripts/gpu/quant_gemv_bench.py, 2026-12-01; comments: this config, the fallback)
@@ -79,8 +78,8 @@ TUNED: dict[tuple[str, int, int, int, int], GemvConfig | None] = {
 
 def default_config(m: int, n: int, k: int, group: int) -> GemvConfig:
     """Untuned: split-K up to ~256 programs. One row on CUDA cores in 128 x 128 tiles: a thread
-    holds 4 words of 4 rows and shares its activations' sums across them (3.9 instructions per
-    weight in the sm_90 SASS, gated 3.5; 64 x 128 takes 4.6, 256 x 128 3.5 but makes few
+    holds 4 words of 4 rows and shares its activations' sums across them (4.3 instructions per
+    weight in the sm_90 SASS, gated 3.8; 64 x 128 takes 5.5, 256 x 128 3.7 but makes few
     programs). More rows on tensor cores in 128 x 128 tiles (5.0 per weight, whatever the
     rows; 64 x 128: 6.3)."""
     block_n, block_k = 128, 128
@@ -149,30 +148,21 @@ def _integer_weights(p, J: tl.constexpr, dtype: tl.constexpr):
 
 
 @triton.jit
-def _integer_nibble(p, e8, e4, e7, e12, J: tl.constexpr):
-    """Nibble J of each packed word as the float 2**e + q, exactly: the nibble moved into the
-    mantissa under the exponent of 2**e (e8..e12: the bits of 2**8..2**12), one and-or (LOP3;
-    the exponents are arguments, in registers). Three shifts a word: p << 15 puts nibbles 0, 1
-    at bits 15, 19 (e = 8, 4), p << 7 nibbles 2, 3 likewise, nibble 4 is at bit 16 already
-    (e = 7), p >> 9 puts nibbles 5, 6, 7 at bits 11, 15, 19 (e = 12, 8, 4; 4096 + q costs
-    that word's fp32 sum 4 more bits than 256 + q, ~2**-15 of it left)."""
+def _integer_nibble(p, even_exp, odd_exp, J: tl.constexpr):
+    """Nibble J of each packed word as the float 2**e + q, exactly (e = 8 for even J, 4 for
+    odd): the nibble moved to mantissa bits 15..18 or 19..22 (one shift serves two nibbles)
+    under the exponent of 2**e, one and-or (LOP3; the exponents are arguments, in registers)."""
     if J < 2:
         moved = p << 15
     elif J < 4:
         moved = p << 7
-    elif J == 4:
-        moved = p
+    elif J < 6:
+        moved = p >> 1
     else:
-        moved = p >> 9     # arithmetic: the sign bits land above the masks
-    if J == 4:
-        v = (moved & 0xF0000) | e7
-    elif J == 5:
-        v = (moved & 0x7800) | e12
-    elif J % 2 == 0:
-        v = (moved & 0x78000) | e8
-    else:
-        v = (moved & 0x780000) | e4
-    return v.to(tl.float32, bitcast=True)
+        moved = p >> 9
+    if J % 2 == 0:
+        return ((moved & 0x78000) | even_exp).to(tl.float32, bitcast=True)
+    return ((moved & 0x780000) | odd_exp).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -194,10 +184,9 @@ def _x_values(x_ptrs, x_mask, X_PAIRS: tl.constexpr):
         x5 = tl.load(x_ptrs + 5, mask=x_mask, other=0.0)
         x6 = tl.load(x_ptrs + 6, mask=x_mask, other=0.0)
         x7 = tl.load(x_ptrs + 7, mask=x_mask, other=0.0)
-    e256 = (x0 + x2) + x6
-    e16 = (x1 + x3) + x7
-    offset = tl.fma(e256, 256.0, tl.fma(e16, 16.0, tl.fma(x5, 4096.0, x4 * 128.0)))
-    return x0, x1, x2, x3, x4, x5, x6, x7, offset, (e256 + e16) + (x4 + x5)
+    even = (x0 + x2) + (x4 + x6)
+    odd = (x1 + x3) + (x5 + x7)
+    return x0, x1, x2, x3, x4, x5, x6, x7, tl.fma(even, 256.0, odd * 16.0), even + odd
 
 
 @triton.jit
@@ -239,7 +228,7 @@ def _load_unpinned(ptrs, COMPILED: tl.constexpr):
 
 
 @triton.jit
-def _tile_cuda_cores(acc, p, s_ptrs, z_ptrs, xs, e8, e4, e7, e12, HAS_ZEROS: tl.constexpr,
+def _tile_cuda_cores(acc, p, s_ptrs, z_ptrs, xs, even_exp, odd_exp, HAS_ZEROS: tl.constexpr,
                      COMPILED: tl.constexpr):
     """acc [BN, BM, BW] += the products of one tile on CUDA cores, p the packed words
     [BN, 1, BW], xs ``_x_values`` ([BM, BW] each). The group's scale and zero are factored
@@ -253,50 +242,20 @@ def _tile_cuda_cores(acc, p, s_ptrs, z_ptrs, xs, e8, e4, e7, e12, HAS_ZEROS: tl.
         t = tl.fma(-z, total[None, :, :], -offset[None, :, :])
     else:          # symmetric: the zero 8 is x's alone
         t = tl.zeros_like(acc) - tl.fma(total, 8.0, offset)[None, :, :]
-    t = tl.fma(_integer_nibble(p, e8, e4, e7, e12, 0), x0[None, :, :], t)
-    t = tl.fma(_integer_nibble(p, e8, e4, e7, e12, 1), x1[None, :, :], t)
-    t = tl.fma(_integer_nibble(p, e8, e4, e7, e12, 2), x2[None, :, :], t)
-    t = tl.fma(_integer_nibble(p, e8, e4, e7, e12, 3), x3[None, :, :], t)
-    t = tl.fma(_integer_nibble(p, e8, e4, e7, e12, 4), x4[None, :, :], t)
-    t = tl.fma(_integer_nibble(p, e8, e4, e7, e12, 5), x5[None, :, :], t)
-    t = tl.fma(_integer_nibble(p, e8, e4, e7, e12, 6), x6[None, :, :], t)
-    t = tl.fma(_integer_nibble(p, e8, e4, e7, e12, 7), x7[None, :, :], t)
+    t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 0), x0[None, :, :], t)
+    t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 1), x1[None, :, :], t)
+    t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 2), x2[None, :, :], t)
+    t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 3), x3[None, :, :], t)
+    t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 4), x4[None, :, :], t)
+    t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 5), x5[None, :, :], t)
+    t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 6), x6[None, :, :], t)
+    t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 7), x7[None, :, :], t)
     return tl.fma(t, sc, acc)
 
 
 @triton.jit
-def _store_planes(ptrs, plane, xs, mask):
-    """The 10 [BLOCK_M, BW] tensors of ``_x_values`` to planes ``plane`` apart."""
-    x0, x1, x2, x3, x4, x5, x6, x7, offset, total = xs
-    tl.store(ptrs, x0, mask=mask)
-    tl.store(ptrs + plane, x1, mask=mask)
-    tl.store(ptrs + 2 * plane, x2, mask=mask)
-    tl.store(ptrs + 3 * plane, x3, mask=mask)
-    tl.store(ptrs + 4 * plane, x4, mask=mask)
-    tl.store(ptrs + 5 * plane, x5, mask=mask)
-    tl.store(ptrs + 6 * plane, x6, mask=mask)
-    tl.store(ptrs + 7 * plane, x7, mask=mask)
-    tl.store(ptrs + 8 * plane, offset, mask=mask)
-    tl.store(ptrs + 9 * plane, total, mask=mask)
-
-
-@triton.jit
-def _load_planes(ptrs, plane, mask):
-    """``_store_planes``' tensors back (0 where masked, as ``_x_values`` gives there)."""
-    return (tl.load(ptrs, mask=mask, other=0.0), tl.load(ptrs + plane, mask=mask, other=0.0),
-            tl.load(ptrs + 2 * plane, mask=mask, other=0.0),
-            tl.load(ptrs + 3 * plane, mask=mask, other=0.0),
-            tl.load(ptrs + 4 * plane, mask=mask, other=0.0),
-            tl.load(ptrs + 5 * plane, mask=mask, other=0.0),
-            tl.load(ptrs + 6 * plane, mask=mask, other=0.0),
-            tl.load(ptrs + 7 * plane, mask=mask, other=0.0),
-            tl.load(ptrs + 8 * plane, mask=mask, other=0.0),
-            tl.load(ptrs + 9 * plane, mask=mask, other=0.0))
-
-
-@triton.jit
 def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr,
-                       xs_ptr, M, N, K, x_stride, words, groups, e8, e4, e7, e12,
+                       M, N, K, x_stride, words, groups, even_exp, odd_exp,
                        GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, X_PAIRS: tl.constexpr,
                        HAS_BIAS: tl.constexpr, GATED: tl.constexpr, USE_DOT: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -338,21 +297,6 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
 
     k_start, k_end = split_k_range(pid_k, K, BLOCK_K, SPLIT_K)
     wait_for_previous_grid(PDL)
-    # CUDA cores: the activations' values and sums (``_x_values``) of this program's run of K,
-    # computed once into the scratch (plane j of 10: [BLOCK_M, words] fp32), where each
-    # thread holding other rows of the same words redid them every tile; programs of the same
-    # split write the same bits. A barrier: a CTA's global writes are then visible to it.
-    xs_tile = xs_ptr + offs_m[:, None] * words + offs_w[None, :]
-    plane = BLOCK_M * words
-    if not USE_DOT:
-        for k in range(k_start, k_end, BLOCK_K):
-            if EVEN_K:
-                x_mask = m_mask
-            else:
-                x_mask = m_mask & (offs_w < words - k // 8)[None, :]
-            xs = _x_values(x_base + (k // 2 if X_PAIRS else k), x_mask, X_PAIRS)
-            _store_planes(xs_tile + k // 8, plane, xs, (offs_w < words - k // 8)[None, :])
-        tl.debug_barrier()
     for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
         w_mask = wo < words - k // 8
         if ONE_GROUP:    # the tile lies in one group of each row: one scale per row
@@ -370,8 +314,8 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
             acc = _tile_dot(acc, p, s_ptr + g, z_ptr + g, x_tile, x_mask, HAS_ZEROS, ONE_GROUP,
                             COMPILED)
         else:
-            xs = _load_planes(xs_tile + k // 8, plane, x_mask)
-            acc = _tile_cuda_cores(acc, p, s_ptr + g, z_ptr + g, xs, e8, e4, e7, e12,
+            xs = _x_values(x_tile, x_mask, X_PAIRS)
+            acc = _tile_cuda_cores(acc, p, s_ptr + g, z_ptr + g, xs, even_exp, odd_exp,
                                    HAS_ZEROS, COMPILED)
         if GATED:
             if EVEN_K:
@@ -383,8 +327,8 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
                 acc_up = _tile_dot(acc_up, p2, s_ptr + g2, z_ptr + g2, x_tile, x_mask,
                                    HAS_ZEROS, ONE_GROUP, COMPILED)
             else:
-                acc_up = _tile_cuda_cores(acc_up, p2, s_ptr + g2, z_ptr + g2, xs, e8, e4, e7,
-                                          e12, HAS_ZEROS, COMPILED)
+                acc_up = _tile_cuda_cores(acc_up, p2, s_ptr + g2, z_ptr + g2, xs, even_exp,
+                                          odd_exp, HAS_ZEROS, COMPILED)
     if USE_DOT:
         out = acc
         out_up = acc_up
@@ -416,21 +360,6 @@ def supports(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits:
     return key not in TUNED or TUNED[key] is not None
 
 
-# (device, K, BLOCK_M) -> fp32 [10, BLOCK_M, K / 8]: the CUDA-core path's activation planes,
-# allocated once (a captured CUDA graph keeps pointing at it). Every launch rewrites what it
-# reads after its wait for the previous kernel (pdl.py's contract keeps a stream's kernels in
-# order), so one buffer serves every shape of that K; like gemv.workspace's split-K counters,
-# it assumes no two of these GEMVs run at once on different streams.
-_scratches: dict[tuple, torch.Tensor] = {}
-
-
-def _scratch(device, k: int, block_m: int) -> torch.Tensor:
-    if (device, k, block_m) not in _scratches:
-        _scratches[device, k, block_m] = torch.empty(10 * block_m * (k // 8),
-                                                     dtype=torch.float32, device=device)
-    return _scratches[device, k, block_m]
-
-
 def _launch(x, qweight, scales, zeros, group, bias, n, gated, config):
     k = x.shape[-1]
     x2 = as_rows(x, k, MAX_ROWS)
@@ -448,8 +377,8 @@ def _launch(x, qweight, scales, zeros, group, bias, n, gated, config):
     _w4a16_gemv_kernel[(tiles, cfg.split_k)](
         x2.view(torch.int32) if pairs else x2, qweight, scales,
         zeros if zeros is not None else scales, bias if bias is not None else scales, y,
-        partials, counts, scales if cfg.dot else _scratch(x.device, k, block_m), m, n, k,
-        k // 2 if pairs else k, k // 8, k // group, *NIBBLE_EXPS,
+        partials, counts, m, n, k, k // 2 if pairs else k, k // 8, k // group, EVEN_EXP,
+        ODD_EXP,
         GROUP=group, HAS_ZEROS=zeros is not None, X_PAIRS=pairs, HAS_BIAS=bias is not None,
         GATED=gated, USE_DOT=cfg.dot, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, EVEN_K=k % cfg.block_k == 0,

@@ -2,8 +2,7 @@
 replace, on one GPU, at AutoGLM-Phone-9B's decode shapes.
 
     python3 scripts/gpu/quant_gemv_bench.py [--out quant_gemv_bench.json] [--budget-s 170]
-        [--baseline w4a16_gemv_before.py] [--baseline-fp8 fp8_gemv_before.py]
-        [--ms 1 --large-ms ""]    # previous kernels, each timed at its own table; M = 1 only
+        [--baseline w4a16_gemv_before.py]   # a previous kernel, timed at its own table
     python3 scripts/gpu/quant_gemv_bench.py --smoke     # CPU, Triton interpreter, tiny shapes
 
 For each linear (qkv 4608x4096 + bias, o_proj 4096x4096, gate_up 27392x4096 + SiLU-and-mul,
@@ -19,9 +18,8 @@ down 4096x13696) and M in 1, 2, 4, 8:
 every config checked against dequantize-then-matmul first (WRONG lines; counted at the end).
 Times are medians of CUDA-graph replays over enough weight copies (> 150 MB) that L2 holds none
 of a launch's weights, as in the 40-layer step. TB/s = weight bytes (with scales, zeros) / time.
-With --baseline (a copy of an earlier kernels/w4a16_gemv.py; --baseline-fp8: of
-kernels/fp8_gemv.py) its GEMV is checked and timed at the config its own table selects, beside
-the sweep of the current one. Then a result table (one
+With --baseline (a copy of an earlier kernels/w4a16_gemv.py) its GEMV is checked and timed at
+the config its own table selects, beside the sweep of the current one. Then a result table (one
 line per shape and M), the 40-layer decode step's GEMM time per mode (4 linears a layer +
 lm_head in bf16), the large-M (offline, prefill) comparison of bf16 cuBLAS, the W4A16 GEMM and
 _scaled_mm with either quantization, and the two TUNED tables ready to paste. Each (shape, M,
@@ -90,8 +88,7 @@ def fits(cfg, m: int, shape: Shape, kind: str) -> bool:
     FP8: one per weight and row) within ~64 registers, else spills."""
     if cfg.dot:
         return True
-    # FP8 one row: _fp8_row_kernel, one accumulator per 4 words of each row
-    per_row = cfg.block_k // 8 if kind == "w4" else cfg.block_k // (16 if m == 1 else 1)
+    per_row = cfg.block_k // 8 if kind == "w4" else cfg.block_k
     live = cfg.block_n * per_row * m * (2 if shape.gated else 1)
     return live <= 64 * 32 * cfg.num_warps
 
@@ -100,14 +97,15 @@ def grid(kind: str, m: int, shape: Shape, smoke: bool):
     from autoglm_serve.kernels.gemv import GemvConfig
     if smoke:
         tiles = [(16, 128, m > 1)]
-    elif m == 1:     # CUDA cores (tensor-core tiles lost every M = 1 shape on the H200)
-        # likeliest first: the budget may cut the end
+    elif m == 1:     # CUDA cores; one tensor-core tile too
         if kind == "w4":   # tiles inside a group of 128; many rows a thread (x sums shared)
-            tiles = [(128, 128), (256, 128), (64, 128), (256, 64), (128, 64)]
-        else:              # the packed-half one-row kernel takes whole K tiles only
-            tiles = [(bn, bk) for bn, bk in ((128, 256), (256, 128), (128, 128), (64, 256),
-                                             (256, 256), (64, 128)) if shape.k % bk == 0]
-        tiles = [(bn, bk, False) for bn, bk in tiles]
+            tiles = [(bn, bk, False) for bn in (256, 128, 64) for bk in (128, 64)]
+        else:
+            tiles = [(bn, bk, False) for bn in (8, 16) for bk in (512, 1024)] + [(32, 256, False)]
+        if kind == "w4":
+            tiles += [(16, 256, True)]
+        else:              # native e4m3 tensor cores: wgmma wants >= 64 rows
+            tiles += [(128, 256, True), (64, 256, True), (128, 128, True)]
     else:
         if kind == "w4":   # CUDA cores: ~1.4 instructions per weight plus ~1.5 per row
             tiles = [(32, 128, True), (64, 128, True), (128, 128, True), (64, 256, True)]
@@ -147,14 +145,11 @@ class Bench:
         self.failures = 0
         self.sweeps_left = 0
         self.deadline = args.budget_s
-        self.baseline = self._load_baseline(args.baseline, "w4a16_gemv_before")
-        self.baseline_fp8 = self._load_baseline(args.baseline_fp8, "fp8_gemv_before")
-
-    @staticmethod
-    def _load_baseline(path, name):
-        if path and not os.path.exists(path):
-            print(f"baseline {path}: no such file, timing without it", flush=True)
-        return load_module(path, name) if path and os.path.exists(path) else None
+        self.baseline = None
+        if args.baseline and not os.path.exists(args.baseline):
+            print(f"--baseline {args.baseline}: no such file, timing without it", flush=True)
+        elif args.baseline:
+            self.baseline = load_module(args.baseline, "w4a16_gemv_before")
 
     def start_sweep(self) -> float:
         """Each sweep gets an equal share of what is left of the budget (time a sweep leaves
@@ -235,8 +230,6 @@ class Bench:
                 if shape.gated:
                     return fp8_gemv.fp8_gated_gemv(x, w[0], w[1], cfg)
                 return fp8_gemv.fp8_gemv(x, w[0], w[1], bias, cfg)
-            if self.baseline_fp8 is not None:
-                rec["fp8_gemv_before"] = self.time_baseline_fp8(x, f8s, bias, shape, m, f8_bytes)
             timed = self.sweep_kernel(
                 "fp8", fp8_gemv.default_config(m, shape.n, shape.k), f8_call, f8s,
                 fp8_reference(x, *f8, bias, shape.gated), f8_bytes / 3e12, m, shape,
@@ -270,30 +263,6 @@ class Bench:
                            self.args.smoke)
         except Exception as exc:
             print(f"    failed baseline {shape.name} M={m}: {type(exc).__name__}: "
-                  f"{str(exc)[:160]}", flush=True)
-            return None
-        return {"us": t * 1e6, "tbs": nbytes / t / 1e12, "config": list(cfg)}
-
-    def time_baseline_fp8(self, x, weights, bias, shape, m, nbytes):
-        """The FP8 GEMV of --baseline-fp8 at its own selected config, checked; None if it
-        disagrees or fails."""
-        from autoglm_serve.quantization.kernel_checks import fp8_reference
-        old = self.baseline_fp8
-        cfg = old.select_config(m, shape.n, shape.k, shape.gated)
-
-        def call(w):
-            if shape.gated:
-                return old.fp8_gated_gemv(x, w[0], w[1], cfg)
-            return old.fp8_gemv(x, w[0], w[1], bias, cfg)
-        try:
-            err = rel_err(call(weights[0]), fp8_reference(x, *weights[0], bias, shape.gated))
-            if not err < 1e-2:
-                print(f"    WRONG fp8 baseline {shape.name} M={m} {cfg}: {err:.3g}", flush=True)
-                return None
-            t = time_calls([lambda w=w: call(w) for w in weights], nbytes / 3e12,
-                           self.args.smoke)
-        except Exception as exc:
-            print(f"    failed fp8 baseline {shape.name} M={m}: {type(exc).__name__}: "
                   f"{str(exc)[:160]}", flush=True)
             return None
         return {"us": t * 1e6, "tbs": nbytes / t / 1e12, "config": list(cfg)}
@@ -386,11 +355,10 @@ def print_record(rec):
     print(f"{'':>13}   W4A16 GEMM {cell('w4a16_gemm')} | FP8 _scaled_mm torch-quant "
           f"{cell('fp8_scaled_mm_torch_quant')}, fused-quant {cell('fp8_scaled_mm_fused_quant')}",
           flush=True)
-    for kind in ("w4a16_gemv_before", "fp8_gemv_before"):
-        if rec.get(kind):
-            b = rec[kind]
-            print(f"{'':>13}   {kind} {b['us']:7.1f} us {b['tbs']:.2f} TB/s "
-                  f"{tuple(b['config'])}", flush=True)
+    if rec.get("w4a16_gemv_before"):
+        b = rec["w4a16_gemv_before"]
+        print(f"{'':>13}   w4a16_gemv before {b['us']:7.1f} us {b['tbs']:.2f} TB/s "
+              f"{tuple(b['config'])}", flush=True)
     for kind in ("w4a16_gemv", "fp8_gemv"):
         for i, e in enumerate(rec[kind]):
             print(f"{'':>13}   {kind} #{i + 1} {e['us']:7.1f} us {e['tbs']:.2f} TB/s "
@@ -409,9 +377,6 @@ MODES = {
     "W4A16 (with the table)": lambda r: min([r["w4a16_gemm"]["us"]]
                                             + [e["us"] for e in r["w4a16_gemv"][:1]]),
     "FP8 _scaled_mm + torch quant (before)": lambda r: r["fp8_scaled_mm_torch_quant"]["us"],
-    "FP8 GEMV before (--baseline-fp8, its table)": lambda r: (
-        min(r["fp8_scaled_mm_fused_quant"]["us"], r["fp8_gemv_before"]["us"])
-        if r.get("fp8_gemv_before") else None),
     "FP8 (with the table)": lambda r: min([r["fp8_scaled_mm_fused_quant"]["us"]]
                                           + [e["us"] for e in r["fp8_gemv"][:1]]),
 }
@@ -479,15 +444,13 @@ def result_table(records) -> str:
     def cell(v):
         return f"{v['us']:7.1f} ({v['tbs']:.2f})" if v else f"{'-':>14}"
     lines = [f"{'shape':>13} {'M':>2} | {'bf16 cuBLAS':>14} | {'W4 GEMM':>14} | "
-             f"{'W4 GEMV before':>14} | {'W4 GEMV now':>14} | {'FP8 GEMV before':>15} | "
-             f"{'FP8 GEMV':>14} | best W4 config"]
+             f"{'W4 GEMV before':>14} | {'W4 GEMV now':>14} | {'FP8 GEMV':>14} | best W4 config"]
     for r in records:
         now = r["w4a16_gemv"][0] if r["w4a16_gemv"] else None
         f8 = r["fp8_gemv"][0] if r["fp8_gemv"] else None
         lines.append(f"{r['shape']:>13} {r['m']:>2} | {cell(r['bf16_cublas'])} | "
                      f"{cell(r['w4a16_gemm'])} | {cell(r.get('w4a16_gemv_before'))} | "
-                     f"{cell(now)} | {cell(r.get('fp8_gemv_before')):>15} | {cell(f8)} | "
-                     f"{tuple(now['config']) if now else '-'}")
+                     f"{cell(now)} | {cell(f8)} | {tuple(now['config']) if now else '-'}")
     return "\n".join(lines)
 
 
@@ -522,12 +485,11 @@ def main():
     ap.add_argument("--large-ms", default="256,2048")
     ap.add_argument("--shapes", default=",".join(s.name for s in SHAPES))
     ap.add_argument("--budget-s", type=float, default=170.0)
-    ap.add_argument("--baseline-fp8", help="a fp8_gemv.py to time beside the current one")
     ap.add_argument("--baseline", help="a w4a16_gemv.py to time beside the current one, e.g. "
                     "from `git show REV:autoglm_serve/kernels/w4a16_gemv.py`")
     args = ap.parse_args()
     args.ms = [int(v) for v in args.ms.split(",")]
-    args.large_ms = [int(v) for v in args.large_ms.split(",") if v]
+    args.large_ms = [int(v) for v in args.large_ms.split(",")]
     import triton
     if args.smoke:
         sys.path.insert(0, os.path.join(ROOT, "tests"))
@@ -561,7 +523,7 @@ def main():
                   + "; ".join(f"{k} {v:.3f} ms" for k, v in line.items() if v is not None),
                   flush=True)
     print("\n" + result_table(records), flush=True)
-    big = large_m(bench, shapes) if args.large_ms else []
+    big = large_m(bench, shapes)
     table = tables(records)
     print("\n" + table, flush=True)
     print(f"\n{bench.elapsed():.0f} s, {bench.failures} configs disagreed with the references",
