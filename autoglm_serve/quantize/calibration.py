@@ -5,8 +5,10 @@ and every third sample a plain document without any template.
 Why documents: the first token of a sequence carries the model's largest activations (the
 attention sink), so it dominates GPTQ's X^T X; with every sample opening on the chat template's
 same first token, the layers are tuned to that one sink and not to text that starts otherwise
-(SmolLM2, GPTQ group 32 with zero points, 16 conversations: +13.7% perplexity on prose; with
-31 documents beside them +11.6%; ignoring every sample's first token instead: +91%).
+(SmolLM2, GPTQ group 32 with zero points, perplexity on prose: 16 chats +13.7%, with 31
+documents beside them +11.6%; 24 samples of the all-chat set +14.1%, of this one +12.0%; but 16
+of this one +15.4%: sets of this size move it by a few points either way. Ignoring every
+sample's first token instead: +91%).
 
 Deterministic (a function of the sample count and the model's tokenizer) and bounded: at most
 `max_tokens` text tokens a sample, screenshots downscaled to `max_pixels`.
