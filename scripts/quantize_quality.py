@@ -1,13 +1,15 @@
 """Perplexity of `autoglm-serve quantize` variants on the embedded SmolLM2 (too long for CI:
-several minutes on two cores). Prints one row per variant; transformers loads each checkpoint.
+several minutes on two cores). Prints one row per variant; transformers loads each checkpoint
+(zero-point ones through CompressedTensorsConfig(dequantize=True)).
 
-    PYTHONPATH=. python scripts/quantize_quality.py [--variants rtn:64,gptq:64,gptq:32:ao,awq:64,fp8]
+    PYTHONPATH=. python scripts/quantize_quality.py [--variants rtn:32:zp,gptq:32:ao:zp,fp8]
 
-Measured 2026-12-01 (32 samples, float32; unquantized 22.09): rtn:32 28.15 (+27%),
-gptq:32:ao 25.74 (+16%), gptq:64:ao 27.41 (+24%), gptq:64 28.67 (+30%), awq:32 27.12 (+23%);
-from the quality test (16 samples): rtn:64 27.79 (+26%), gptq:32:ao 25.99 (+18%), fp8 22.42
-(+1.5%). Zero-point grids (which transformers cannot load, so not here) measured in memory:
-RTN group 32 25.67 (+16%), GPTQ group 32 act-order 24.82 (+12%, 16 samples).
+A variant is method[:group][:ao (act-order)][:zp (zero points)].
+Measured 2026-12-01 (float32; unquantized 22.09), symmetric, 32 samples of the earlier
+all-chat set: rtn:32 28.15 (+27%), gptq:32:ao 25.74 (+16%), gptq:64:ao 27.41 (+24%), gptq:64
+28.67 (+30%), awq:32 27.12 (+23%). With zero points (scale and zero point searched together),
+in memory: rtn:32:zp 24.23 (+9.7%), gptq:32:ao:zp 24.6-25.1 (+11-14%, 16-24 samples, with or
+without documents in the set). fp8 22.42 (+1.5%).
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def perplexity(model, tokenizer) -> float:
 
 
 def main() -> None:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
     from autoglm_serve.quantize import write_quantized_checkpoint
     from autoglm_serve.quantize.source_model import load_source_model
@@ -46,13 +48,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for variant in args.variants.split(","):
             method, *rest = variant.split(":")
-            group = int(rest[0]) if rest else None
+            group = int(rest[0]) if rest and rest[0].isdigit() else None
             start = time.time()
             out = write_quantized_checkpoint(copy.deepcopy(source), Path(tmp) / variant.replace(":", "_"),
                                              method, group_size=group, act_order="ao" in rest,
+                                             symmetric="zp" not in rest,
                                              num_samples=args.num_samples, dtype=torch.float32)
             seconds = time.time() - start
-            model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+            kw = {"quantization_config": CompressedTensorsConfig(dequantize=True)} if "zp" in rest else {}
+            model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, **kw).eval()
             ppl = perplexity(model, source.tokenizer)
             print(f"{variant:<14} {ppl:>10.2f} {100 * (ppl / base - 1):>+7.1f}% {seconds:>8.0f}", flush=True)
 

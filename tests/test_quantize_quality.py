@@ -2,13 +2,16 @@
 fixed English text (tests/data/perplexity_prose.txt, 351 tokens) with transformers loading each
 written checkpoint, and greedy answers to fixed questions.
 
-Measured (2026-12-01, float32 checkpoints; the source is the package's Q4_1 GGUF dequantized,
-so its weights already sit on a 16-level grid per 32 inputs): unquantized 22.09; FP8 (weights,
-scales searched, and per-token activations) 22.42 (+1.5%; the per-token activations alone cost
-+1.1%, target 1%); RTN group 64 27.79 (+26%); GPTQ group 32 act-order on 16 built-in samples
-25.99 (+18%, target 3%). GPTQ itself is not what limits: calibrated on this very text it reaches
-+2.2% (zero points, group 32); the gap is how far 16 short conversations carry to this prose.
-RTN's greedy answer to the question loses "Paris"; GPTQ's and FP8's keep it.
+The source is the package's Q4_1 GGUF dequantized: every weight already sits on a 16-level grid
+per 32 inputs, w = d*q + m with a float offset m, which no int4 grid with an integer zero point
+(nor a symmetric one) can reproduce; re-quantizing it costs what quantizing twice costs.
+Measured (2026-12-01, float32 checkpoints, 16 calibration samples): unquantized 22.09; RTN group
+32 with zero points (scale and zero point searched together) 24.23 (+9.7%); GPTQ group 32
+act-order with zero points 25.50 (+15.4%, target 3%; 24.6-25.1 with other sets of 16-47
+samples): not better than RTN here (its compensation moves weights off the alignments RTN's
+search found; calibrated on this very text it reaches +2.2%); FP8 (weights, scales searched,
+and per-token activations) 22.42 (+1.5%; the per-token activations alone cost +1.1%, target 1%).
+RTN, GPTQ and FP8 all keep the greedy answer "Paris".
 The bounds below hold what is measured.
 """
 import copy
@@ -33,8 +36,9 @@ def checkpoints(tmp_path_factory):
     source = load_source_model(None)
     base = tmp_path_factory.mktemp("smollm2")
     out = {"unquantized": source}
-    # GPTQ: its best variant that transformers loads (symmetric; act-order, group 32)
-    options = {"rtn": {}, "gptq": dict(group_size=32, act_order=True), "fp8": {}}
+    # int4: the best variants, group 32 with zero points (GPTQ with act-order)
+    options = {"rtn": dict(group_size=32, symmetric=False),
+               "gptq": dict(group_size=32, act_order=True, symmetric=False), "fp8": {}}
     for method, kw in options.items():
         out[method] = write_quantized_checkpoint(copy.deepcopy(source), base / method, method,
                                                  num_samples=16, max_tokens=512, dtype=torch.float32,
@@ -43,11 +47,14 @@ def checkpoints(tmp_path_factory):
 
 
 def _load(checkpoints, name):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, CompressedTensorsConfig
     if name == "unquantized":
         return checkpoints[name].model, checkpoints[name].tokenizer
     path = checkpoints[name]
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(path)
+    # zero points: transformers loads them through its dequantize-at-load path (README)
+    kw = {} if name == "fp8" else {"quantization_config": CompressedTensorsConfig(dequantize=True)}
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw).eval()
+    return model, AutoTokenizer.from_pretrained(path)
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +86,11 @@ def test_fp8_perplexity_bounded(results):
 def test_w4a16_perplexity_bounded(results):
     base = results["unquantized"][0]
     assert results["rtn"][0] > base * 1.05          # int4 costs something: these are real int4 weights
-    assert results["rtn"][0] <= base * 1.35
-    assert results["gptq"][0] <= base * 1.21
-    assert results["gptq"][0] < results["rtn"][0] * 0.96   # calibration buys something
+    assert results["rtn"][0] <= base * 1.11
+    assert results["gptq"][0] <= base * 1.16
 
 
-@pytest.mark.parametrize("name", ["unquantized", "gptq", "fp8"])   # RTN's answer drifts (see above)
+@pytest.mark.parametrize("name", ["unquantized", "rtn", "gptq", "fp8"])
 def test_greedy_answers_still_right(results, name):
     for (question, expected), answer in zip(QUESTIONS, results[name][1]):
         assert expected in answer, (question, answer)

@@ -24,3 +24,24 @@ def test_fp8_scale_search_lowers_error_on_a_4bit_grid():
     row_err = lambda q: (q.weight - w).pow(2).sum(1)  # noqa: E731
     assert (row_err(searched) <= row_err(plain)).all()
     assert row_err(searched).sum() < 0.7 * row_err(plain).sum()
+
+
+def test_asymmetric_int4_search_lowers_error_and_matches_the_stored_grid():
+    """Zero-point int4 on a Q4_1-like grid: the searched (scale, zero point) never does worse per
+    group than min/max, clearly better in sum, and is exactly what compressed-tensors stores."""
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+    g = torch.Generator().manual_seed(1)
+    rows, groups = 64, 8
+    step = torch.rand(rows, groups, 1, generator=g) * 0.01 + 0.002
+    low = -step * (torch.rand(rows, groups, 1, generator=g) * 8 + 4)
+    w = (low + torch.randint(0, 16, (rows, groups, 32), generator=g) * step).reshape(rows, -1)
+    args = weight_args("rtn", group_size=32, symmetric=False)
+    plain = rtn_quantize(w, args, torch.float32, clip_search=False)
+    searched = rtn_quantize(w, args, torch.float32)
+    assert searched.zero_point.dtype == torch.int8
+    group_err = lambda q: (q.weight - w).pow(2).reshape(rows, groups, 32).sum(-1)  # noqa: E731
+    assert (group_err(searched) <= group_err(plain) * (1 + 1e-5)).all()
+    assert group_err(searched).sum() < 0.8 * group_err(plain).sum()
+    # the weight the loader rebuilds from the stored scale and integer zero point
+    torch.testing.assert_close(fake_quantize(w, searched.scale, searched.zero_point, args),
+                               searched.weight)

@@ -12,10 +12,11 @@ def add_quantize_subcommand(subparsers: argparse._SubParsersAction) -> argparse.
     p = subparsers.add_parser(
         "quantize", help="write a W4A16 or FP8 compressed-tensors checkpoint (vLLM and transformers load it)",
         description="Quantize MODEL (default: the embedded SmolLM2-135M-Instruct) and write a "
-                    "compressed-tensors checkpoint to --out. W4A16 (rtn, gptq, awq): symmetric int4 "
-                    "weights in groups, packed. fp8: float8 weights per output channel, activations "
-                    "per token at run time. lm_head and a vision tower stay unquantized. Serve the "
-                    "result with `autoglm-serve serve DIR --quantization compressed-tensors`.",
+                    "compressed-tensors checkpoint to --out. W4A16 (rtn, gptq, awq): int4 "
+                    "weights in groups (symmetric, or with --zero-points), packed. fp8: float8 "
+                    "weights per output channel, activations per token at run time. lm_head and "
+                    "a vision tower stay unquantized. Serve the result with "
+                    "`autoglm-serve serve DIR --quantization compressed-tensors`.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("model", nargs="?", default=None,
                    help="a local HF checkpoint directory or .gguf file (default: the embedded model)")
@@ -27,6 +28,9 @@ def add_quantize_subcommand(subparsers: argparse._SubParsersAction) -> argparse.
                    help="int4 weights per scale (default: 128, halved until it divides every layer width)")
     p.add_argument("--act-order", action="store_true",
                    help="gptq: quantize the most active input channels first (static groups, no g_idx)")
+    p.add_argument("--zero-points", action="store_true",
+                   help="int4 with an integer zero point per group (asymmetric, as llm-compressor's "
+                        "W4A16_ASYM); transformers loads it with CompressedTensorsConfig(dequantize=True)")
     p.add_argument("--num-samples", type=int, default=32, help="calibration conversations")
     p.add_argument("--max-tokens", type=int, default=512, help="text tokens per calibration sample")
     p.add_argument("--dtype", choices=_DTYPES, default="bfloat16",
@@ -43,12 +47,14 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
     if args.method == "fp8" and (args.group_size is not None or args.act_order):
         raise SystemExit("--group-size and --act-order are for the int4 methods (rtn, gptq, awq)")
+    if args.method == "fp8" and args.zero_points:
+        raise SystemExit("--zero-points is for the int4 methods (rtn, gptq, awq)")
     if args.act_order and args.method != "gptq":
         raise SystemExit("--act-order needs --method gptq")
     try:
         out = write_quantized_checkpoint(
             args.model, args.out, args.method, group_size=args.group_size, act_order=args.act_order,
-            num_samples=args.num_samples, max_tokens=args.max_tokens,
+            symmetric=not args.zero_points, num_samples=args.num_samples, max_tokens=args.max_tokens,
             dtype=getattr(torch, args.dtype), device=args.device)
     except (ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"autoglm-serve quantize: {exc}") from exc

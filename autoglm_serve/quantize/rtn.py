@@ -39,7 +39,10 @@ def weight_qparams(weight: torch.Tensor, args: QuantizationArgs, scale_dtype: to
         raise ValueError(f"unsupported weight strategy {args.strategy}")
     scale, zero_point = calculate_qparams(lo, hi, args)
     scale = scale.to(scale_dtype)
-    if clip_search and args.type == QuantizationType.INT:
+    if clip_search and args.type == QuantizationType.INT and not args.symmetric:
+        scale, zero_point = _asymmetric_searched_qparams(w if w.dim() == 3 else w.unsqueeze(1),
+                                                         lo, hi, args, scale_dtype)
+    elif clip_search and args.type == QuantizationType.INT:
         scale = _clip_searched_scale(w if w.dim() == 3 else w.unsqueeze(1), lo, hi, scale, args,
                                      scale_dtype)
     elif clip_search and args.strategy == QuantizationStrategy.CHANNEL:
@@ -64,6 +67,38 @@ def _clip_searched_scale(groups: torch.Tensor, lo: torch.Tensor, hi: torch.Tenso
             rounded = torch.clamp(torch.round(groups / sf), qmin, qmax) * sf
             yield s, (rounded - groups).pow(2).sum(-1)
     return _least_error(scale, candidates())
+
+
+# asymmetric range factors tried: a shrunk range clips rare extremes; a stretched one moves the
+# grid against weights that already sit on another one (a 4-bit GGUF's), whose offset no
+# integer zero point can match
+_RANGES = [1.0 - 0.02 * i for i in range(16)] + [1.0 + 0.02 * i for i in range(1, 8)]
+
+
+def _asymmetric_searched_qparams(groups: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
+                                 args: QuantizationArgs, scale_dtype: torch.dtype
+                                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """groups [rows, n, size]; lo/hi [rows, n]: the (scale, integer zero point) of least squared
+    error, each range factor about the group's centre with the zero point rounded down and up."""
+    qmin, qmax = (float(v) for v in calculate_range(args, groups.device))
+    lo, hi = lo.clamp(max=0), hi.clamp(min=0)          # the grid holds 0 (compressed-tensors)
+    centre, width = (lo + hi) / 2, (hi - lo).clamp(min=1e-12)
+    best = None
+    for factor in _RANGES:
+        s = (width * factor / (qmax - qmin)).to(scale_dtype)
+        sf = s.float()
+        z_real = qmin - (centre - width * factor / 2) / sf
+        for z in (torch.floor(z_real), torch.ceil(z_real)):
+            z = z.clamp(qmin, qmax)
+            q = torch.clamp(torch.round(groups / sf.unsqueeze(-1)) + z.unsqueeze(-1), qmin, qmax)
+            err = ((q - z.unsqueeze(-1)) * sf.unsqueeze(-1) - groups).pow(2).sum(-1)
+            if best is None:
+                best = [s, z, err]
+                continue
+            better = err < best[2]
+            best = [torch.where(better, s, best[0]), torch.where(better, z, best[1]),
+                    torch.where(better, err, best[2])]
+    return best[0], best[1].to(args.zp_dtype)
 
 
 def _least_error(scale: torch.Tensor, candidates) -> torch.Tensor:
