@@ -21,9 +21,11 @@ from torch import nn
 from autoglm_serve.models.layers.linear import LinearBase, UnquantizedLinearMethod
 
 GROUP_SIZE = 32
-# Rows up to this run the 4-bit kernel; more run the dense bf16 matmul (tuned on SmolLM2-135M's
-# shapes, 2 threads: the 4-bit kernel's time grows with rows, the dense one's hardly does).
-MAX_INT4_ROWS = 4
+# Rows up to this run the 4-bit kernel; more run the dense bf16 matmul. The 4-bit kernel's time
+# grows with rows, the dense one's hardly does: SmolLM2's 120 linears with weights streamed from
+# memory (not one hot weight), CPU ms at 8 rows 22.8 against 33.6 (1 thread), 24.4 against 39.2
+# (2 threads); even at 12, behind at 16.
+MAX_INT4_ROWS = 8
 # Largest error, in steps (d), for which a group counts as already 4-bit.
 _TOLERANCE_STEPS = 1 / 8
 
