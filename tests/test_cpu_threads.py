@@ -1,6 +1,7 @@
-"""The engine's CPU thread pool (engine/core/cpu_threads.py): the CPU time of other processes,
-read from the real /proc, and the offline LLM giving a core back when a neighbour takes one, in a
-fresh interpreter without OMP_NUM_THREADS, as a user's script runs it."""
+"""The engine's CPU thread pool (engine/core/cpu_threads.py) and OpenMP wait policy
+(autoglm_serve/__init__.py): other processes' CPU time read from the real /proc, and the offline
+LLM giving a core back to a busy neighbour in a fresh interpreter without OMP_NUM_THREADS, as a
+user's script runs it."""
 from __future__ import annotations
 
 import contextlib
@@ -13,7 +14,7 @@ import time
 import torch
 
 from autoglm_serve.engine.core.cpu_threads import (
-    AdaptiveThreads, CpuReading, threads_for, usable_cores)
+    AdaptiveThreads, CpuReading, _process_ticks, threads_for, usable_cores)
 from tests.server_fixtures import ROOT
 
 
@@ -56,6 +57,17 @@ def test_own_cpu_time_is_part_of_the_busy_time_read():
     assert own >= 0.5
     # ticks are 10 ms: the busy time of our cores holds ours, so it is not counted as others'
     assert after.busy_s - before.busy_s >= own - 0.05
+
+
+def test_a_partner_process_cpu_time_is_read_as_the_kernel_counts_it():
+    """The server's front-end (the core process's parent) counts as the engine's own."""
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    time.sleep(0.8)
+    os.kill(proc.pid, 9)
+    time.sleep(0.1)                         # dead, not reaped: /proc still has its times
+    read = _process_ticks(proc.pid) / os.sysconf("SC_CLK_TCK")
+    _, _, usage = os.wait4(proc.pid, 0)
+    assert read > 0.05 and abs(read - (usage.ru_utime + usage.ru_stime)) <= 0.03
 
 
 def test_adjust_gives_a_core_back_to_a_neighbour():
@@ -110,3 +122,16 @@ def test_omp_num_threads_is_respected():
     with busy_neighbour():
         before, after, cores, generated = run({"OMP_NUM_THREADS": "2"})
     assert before == after == 2 and generated == 8
+
+
+def test_openmp_threads_wait_passively_unless_told_otherwise():
+    """torch's libgomp reads OMP_WAIT_POLICY once, as it loads: importing autoglm_serve first
+    sets it (OMP_DISPLAY_ENV makes libgomp print what it read)."""
+    script = "import autoglm_serve, torch; torch.ones(1 << 16).sum()"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env.update(PYTHONPATH=str(ROOT), OMP_DISPLAY_ENV="TRUE")
+    for extra, expected in (({}, "PASSIVE"), ({"OMP_WAIT_POLICY": "active"}, "ACTIVE")):
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              env={**env, **extra}, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert f"OMP_WAIT_POLICY = '{expected}'" in proc.stderr
