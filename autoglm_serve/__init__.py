@@ -5,11 +5,6 @@ import os
 # memory in blocks of the wrong size. On a 24 GB card 0.64 GiB sat reserved but unallocated
 # when a step ran out of memory; the KV cache is sized to the byte, so it must not be lost.
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-# Before torch loads its OpenMP (GNU libgomp, which reads this once): threads that wait at an
-# op's end sleep instead of spinning, so a waiting thread leaves its core to the thread it waits
-# for when another process shares the core. 2 threads next to a busy process decoded 2-29 tok/s
-# spinning, 14-32 passive (1 thread: 11-33); see engine/core/cpu_threads.py.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from autoglm_serve.sampling_params import SamplingParams  # noqa: E402
 

@@ -2,15 +2,18 @@
 server thread, offline LLM): every core while the others are idle, one fewer for each core that
 other processes keep busy, re-decided between engine steps. OMP_NUM_THREADS, when set, is kept.
 
-Why adaptive (SmolLM2 bf16 on 2 cores, offline decode): on a quiet machine 2 threads decode
-~1.3-1.4x faster than one; with one busy neighbour 2 threads are ~5x slower than one (each op
-waits for its slowest thread, and a thread that lost its core holds the op up for a scheduler
-slice; `LLM().generate` of 2 x 16 tokens once took 39-44 s instead of 1.7 s).
+Why adaptive (SmolLM2 bf16 on 2 cores, offline decode, 1 / 16 streams): on a quiet machine 2
+threads decode 43 / 290 tok/s, one 32 / 215; next to a busy process 2 threads fall to 1-10 / 10-
+100 and one keeps 7-32 / 50-210 (each op waits for its slowest thread, and a thread that lost
+its core holds the op up for a scheduler slice; `LLM().generate` of 2 x 16 tokens once took
+39-44 s instead of 1.7 s). torch's libgomp waiting passively (OMP_WAIT_POLICY=PASSIVE, read as
+torch loads) softens the stall (14-29 tok/s at 1 stream) but halves 2 threads on a quiet
+machine (19 / 168: each op then wakes a sleeping thread), so the spin-then-sleep default stays.
 
 The signal: the CPU time that other processes took on this process's cores since the last
 decision, i.e. /proc/stat's busy time on those cores less this process's own CPU time and its
 multiprocessing parent's (the server's front-end, whose short bursts per step cost 2 threads less
-than they win). Read every DECIDE_EVERY_S at most (a few microseconds); torch.set_num_threads
+than they win). Read every DECIDE_EVERY_S at most (~0.1 ms a reading); torch.set_num_threads
 between steps is cheap and applies to the next ops of the thread that steps the engine.
 """
 from __future__ import annotations
