@@ -11,16 +11,16 @@ torch loads) softens the stall (14-29 tok/s at 1 stream) but halves 2 threads on
 machine (19 / 168: each op then wakes a sleeping thread), so the spin-then-sleep default stays.
 
 The signal: the CPU time that other processes took on this process's cores since the last
-decision, i.e. /proc/stat's busy time on those cores less this process's own CPU time and its
-multiprocessing parent's (the server's front-end, whose short bursts per step cost 2 threads less
-than they win). Read every DECIDE_EVERY_S at most (~0.1 ms a reading); torch.set_num_threads
-between steps is cheap and applies to the next ops of the thread that steps the engine.
+decision, i.e. /proc/stat's busy time on those cores less this process's own CPU time. The
+server's front-end process stays far under TAKEN_SHARE (~0.015 of a core at 1 and at 16
+streams). Read every DECIDE_EVERY_S at most (~0.1 ms a
+reading); torch.set_num_threads between steps is cheap and applies to the next ops of the thread
+that steps the engine (the core process's or thread's loop, or the offline LLM's caller).
 """
 from __future__ import annotations
 
 import logging
 import math
-import multiprocessing
 import os
 import resource
 import time
@@ -55,11 +55,11 @@ def threads_for(others_cores: float, cores: int) -> int:
 @dataclass
 class CpuReading:
     busy_s: float       # all processes' CPU time on our cores, since boot
-    own_s: float        # this process's CPU time (all its threads), and its partners'
+    own_s: float        # this process's CPU time (all its threads)
     at: float           # monotonic seconds
 
     @classmethod
-    def now(cls, partners: tuple[int, ...] = ()) -> "CpuReading":
+    def now(cls) -> "CpuReading":
         cpus = {f"cpu{i}" for i in os.sched_getaffinity(0)}
         busy_ticks = 0
         with open("/proc/stat") as stat:
@@ -70,9 +70,7 @@ class CpuReading:
                     t = [int(x) for x in fields[:8]]
                     busy_ticks += t[0] + t[1] + t[2] + t[5] + t[6] + t[7]
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        partner_ticks = sum(map(_process_ticks, partners))
-        return cls(busy_ticks * _TICK_S, usage.ru_utime + usage.ru_stime + partner_ticks * _TICK_S,
-                   time.monotonic())
+        return cls(busy_ticks * _TICK_S, usage.ru_utime + usage.ru_stime, time.monotonic())
 
     def others_cores(self, before: "CpuReading") -> float:
         """Cores' worth of CPU time other processes took between `before` and this reading."""
@@ -81,30 +79,19 @@ class CpuReading:
         return max(0.0, others / elapsed) if elapsed > 0 else 0.0
 
 
-def _process_ticks(pid: int) -> int:
-    """utime + stime of a process, in clock ticks (0 once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()   # after "(comm)", which may hold spaces
-    except OSError:
-        return 0
-    return int(fields[11]) + int(fields[12])
-
-
 class AdaptiveThreads:
     """Call `adjust()` between steps from the thread that runs them."""
 
-    def __init__(self, partners: tuple[int, ...] = ()):
+    def __init__(self):
         self.cores = usable_cores()
-        self.partners = partners
         self.threads = engine_threads()
         torch.set_num_threads(self.threads)
-        self._last = CpuReading.now(partners)
+        self._last = CpuReading.now()
 
     def adjust(self) -> None:
         if time.monotonic() - self._last.at < DECIDE_EVERY_S:
             return
-        reading = CpuReading.now(self.partners)
+        reading = CpuReading.now()
         others = reading.others_cores(self._last)
         wanted = threads_for(others, self.cores)
         self._last = reading
@@ -119,8 +106,7 @@ def cpu_threads(device: torch.device) -> AdaptiveThreads | None:
     """The engine's adaptive pool, or None: on a GPU, or with OMP_NUM_THREADS (kept as set)."""
     if device.type != "cpu" or "OMP_NUM_THREADS" in os.environ or not os.path.exists("/proc/stat"):
         return None
-    parent = multiprocessing.parent_process()    # the server's front-end, for its core process
-    return AdaptiveThreads((parent.pid,) if parent is not None else ())
+    return AdaptiveThreads()
 
 
 def size_cpu_threads(device: torch.device) -> None:
