@@ -86,7 +86,8 @@ if pool is not None:                 # as after a quiet spell: every core
 start = time.monotonic()
 while time.monotonic() - start < 1.5:
     out = llm.generate(["Hi"], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
-print(before, torch.get_num_threads(), len(os.sched_getaffinity(0)), len(out[0].outputs[0].token_ids))
+print(before, torch.get_num_threads(), len(os.sched_getaffinity(0)),
+      len(out[0].outputs[0].token_ids))
 """
 
 
