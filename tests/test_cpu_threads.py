@@ -34,6 +34,19 @@ def test_decision_gives_back_each_core_others_keep_busy():
     assert [threads_for(x, 16) for x in (0.0, 1.0, 3.5, 40.0)] == [16, 15, 12, 1]
 
 
+def test_threads_shrink_at_once_and_grow_after_calm_windows():
+    kept = torch.get_num_threads()
+    try:
+        pool = AdaptiveThreads()
+        pool.cores, pool.threads = 2, 1
+        assert [pool.decide(x) for x in (0.0, 0.9, 0.0)] == [1, 1, 1]    # calm, busy, calm
+        assert pool.decide(0.1) == 2                                     # two calm in a row
+        pool.threads = 2
+        assert pool.decide(0.6) == 1
+    finally:
+        torch.set_num_threads(kept)
+
+
 def test_a_busy_neighbour_reads_as_a_core_taken():
     cores = usable_cores()
     with busy_neighbour():

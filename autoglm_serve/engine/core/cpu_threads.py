@@ -35,6 +35,9 @@ DECIDE_EVERY_S = 0.5
 # and a front-end's short bursts stay under it, a busy neighbour (which gets ~0.9 of a core
 # even while we run one thread per core) does not
 TAKEN_SHARE = 0.25
+# more threads only after this many calm windows in a row, fewer at once: a wrong step up stalls
+# decode 5-20x until the next decision, a wrong step down costs it ~1.4x
+CALM_WINDOWS_TO_GROW = 2
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
@@ -87,19 +90,28 @@ class AdaptiveThreads:
         self.threads = engine_threads()
         torch.set_num_threads(self.threads)
         self._last = CpuReading.now()
+        self._calm = 0      # windows in a row that had room for more threads
 
     def adjust(self) -> None:
         if time.monotonic() - self._last.at < DECIDE_EVERY_S:
             return
         reading = CpuReading.now()
         others = reading.others_cores(self._last)
-        wanted = threads_for(others, self.cores)
         self._last = reading
+        wanted = self.decide(others)
         if wanted != self.threads:
             logger.debug("CPU threads %d -> %d: other processes used %.2f cores",
                          self.threads, wanted, others)
             self.threads = wanted
             torch.set_num_threads(wanted)
+
+    def decide(self, others_cores: float) -> int:
+        """The count after a window in which other processes used `others_cores` cores."""
+        wanted = threads_for(others_cores, self.cores)
+        self._calm = self._calm + 1 if wanted > self.threads else 0
+        if wanted > self.threads and self._calm < CALM_WINDOWS_TO_GROW:
+            return self.threads
+        return wanted
 
 
 def cpu_threads(device: torch.device) -> AdaptiveThreads | None:
