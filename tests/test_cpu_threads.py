@@ -120,6 +120,25 @@ def run(env_extra: dict[str, str]) -> list[int]:
     return [int(x) for x in proc.stdout.split()[-4:]]
 
 
+def test_a_window_spanning_an_idle_engine_is_dropped():
+    kept = torch.get_num_threads()
+    try:
+        pool = AdaptiveThreads()
+        pool.threads = pool.cores
+        torch.set_num_threads(pool.cores)
+        with busy_neighbour():
+            stale = CpuReading.now()
+            time.sleep(1.0)
+            # the neighbour's second of a core, in a window just over the stale bound: a
+            # decision on it would give a core back (>0.25 of one)
+            pool._last = CpuReading(stale.busy_s, stale.own_s, stale.at - 1.2)
+            assert CpuReading.now().others_cores(pool._last) > 0.3
+            pool.adjust()
+        assert pool.threads == pool.cores and pool._last.at > stale.at
+    finally:
+        torch.set_num_threads(kept)
+
+
 def test_offline_llm_gives_a_core_back_to_a_busy_neighbour():
     before, after, cores, generated = run({})
     assert before == cores            # torch's own default: one thread per core

@@ -38,6 +38,9 @@ TAKEN_SHARE = 0.25
 # more threads only after this many calm windows in a row, fewer at once: a wrong step up stalls
 # decode 5-20x until the next decision, a wrong step down costs it ~1.4x
 CALM_WINDOWS_TO_GROW = 2
+# a longer window spans a time the engine sat idle: what others ran then (a benchmark client
+# starting up: ~1 core for 1-2 s before its requests) says nothing about now, so it is dropped
+STALE_WINDOW_S = 2.0
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
@@ -93,9 +96,13 @@ class AdaptiveThreads:
         self._calm = 0      # windows in a row that had room for more threads
 
     def adjust(self) -> None:
-        if time.monotonic() - self._last.at < DECIDE_EVERY_S:
+        window = time.monotonic() - self._last.at
+        if window < DECIDE_EVERY_S:
             return
         reading = CpuReading.now()
+        if window > STALE_WINDOW_S:
+            self._last = reading
+            return
         others = reading.others_cores(self._last)
         self._last = reading
         wanted = self.decide(others)
