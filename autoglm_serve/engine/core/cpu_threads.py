@@ -13,9 +13,9 @@ machine (19 / 168: each op then wakes a sleeping thread), so the spin-then-sleep
 The signal: the CPU time that other processes took on this process's cores since the last
 decision, i.e. /proc/stat's busy time on those cores less this process's own CPU time. The
 server's front-end process stays far under TAKEN_SHARE (~0.015 of a core at 1 and at 16
-streams). Read every DECIDE_EVERY_S at most (~0.1 ms a
-reading); torch.set_num_threads between steps is cheap and applies to the next ops of the thread
-that steps the engine (the core process's or thread's loop, or the offline LLM's caller).
+streams). Read every DECIDE_EVERY_S at most (~0.1 ms a reading); torch.set_num_threads between
+steps is cheap and applies to the next ops of the thread that steps the engine (the core
+process's or thread's loop, or the offline LLM's caller).
 """
 from __future__ import annotations
 
