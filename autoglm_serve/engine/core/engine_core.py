@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from autoglm_serve.engine.core.cpu_threads import size_cpu_threads
+from autoglm_serve.engine.core.cpu_threads import cpu_threads
 from autoglm_serve.engine.core.fault_isolation import FaultIsolation, is_fatal, is_out_of_memory
 from autoglm_serve.engine.core.kv_cache import KVCacheManager
 from autoglm_serve.engine.core.pending_grammars import PendingGrammars
@@ -93,7 +93,7 @@ class EngineCore:
 
     def _start(self, settings: EngineSettings, loaded: LoadedModel | None) -> None:
         config = self.config
-        size_cpu_threads(self.device)
+        self.cpu_threads = cpu_threads(self.device)
         if self.workers is not None:
             self.loaded = self.workers.load_model(settings)
         else:
@@ -225,6 +225,8 @@ class EngineCore:
     def step(self) -> list[CoreOutput]:
         """One step (engine/core/fault_isolation.py: after a failed step, its requests one at a
         time), and the requests that failed since the last."""
+        if self.cpu_threads is not None:
+            self.cpu_threads.adjust()
         if self.grammars:
             if not (self.scheduler.has_unfinished() or self._inflight is not None):
                 self.grammars.wait(0.005)   # only compiles to wait for: do not spin
