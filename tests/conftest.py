@@ -9,6 +9,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# A fixed CPU thread count (read by torch at import, inherited by the servers the tests start):
+# the engine's adaptive count (engine/core/cpu_threads.py) follows the machine's load, and
+# float32 matmuls can round differently at another thread count, which the exact equalities
+# below (alone against batched, stream against non-stream) must not depend on. The servers of
+# what a new user meets (embedded_server) and tests/test_cpu_threads.py run without it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Without a GPU, Triton kernels run in its interpreter (must be set before triton is imported).
 import torch  # noqa: E402
 if not torch.cuda.is_available():
@@ -61,4 +67,4 @@ def embedded_server():
     """A real server on the embedded default, as a new user starts it (no flags), shared by the
     tests of what a user meets first: the guides' snippet, the dashboard, the notebook."""
     from tests.server_fixtures import server_fixture
-    yield from server_fixture([])
+    yield from server_fixture([], env={"OMP_NUM_THREADS": None})   # adaptive, as a user's

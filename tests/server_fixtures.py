@@ -27,10 +27,15 @@ ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 600.0   # the shared CPU machine can be slow to load even a 135M model
 
 
+def _environment(env: dict[str, str | None]) -> dict[str, str]:
+    """The server's environment; a name given as None is removed from it."""
+    return {k: v for k, v in env.items() if v is not None}
+
+
 class ServerProcess(BaseServerProcess):
     def __init__(self, args: list[str], *, module: str = "autoglm_serve.cli",
                  subcommand: str | None = "serve", api_key: str | None = None,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str | None] | None = None):
         port = free_port()
         self.api_key = api_key
         self.marker = uuid.uuid4().hex
@@ -38,9 +43,9 @@ class ServerProcess(BaseServerProcess):
         super().__init__(
             cmd + list(args) + ["--host", "127.0.0.1", "--port", str(port)], port,
             tempfile.mkstemp(prefix="autoglm-server-", suffix=".log")[1],
-            env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
-                 "TOKENIZERS_PARALLELISM": "false", "AUTOGLM_TEST_SERVER": self.marker,
-                 **(env or {})}, cwd=ROOT)
+            env=_environment({**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
+                              "TOKENIZERS_PARALLELISM": "false",
+                              "AUTOGLM_TEST_SERVER": self.marker, **(env or {})}), cwd=ROOT)
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
