@@ -1,6 +1,7 @@
 """torch's CPU thread pool for the engine, the same in every entry point (server core process,
 server thread, offline LLM): every core while the others are idle, one fewer for each core that
-other processes keep busy, re-decided between engine steps. OMP_NUM_THREADS, when set, is kept.
+other processes keep busy, re-decided between engine steps. OMP_NUM_THREADS, when set, fixes
+the count.
 
 Why adaptive (SmolLM2 bf16 on 2 cores, offline decode, 1 / 16 streams): on a quiet machine 2
 threads decode 43 / 290 tok/s, one 32 / 215; next to a busy process 2 threads fall to 1-10 / 10-
@@ -122,14 +123,33 @@ class AdaptiveThreads:
 
 
 def cpu_threads(device: torch.device) -> AdaptiveThreads | None:
-    """The engine's adaptive pool, or None: on a GPU, or with OMP_NUM_THREADS (kept as set)."""
-    if device.type != "cpu" or "OMP_NUM_THREADS" in os.environ or not os.path.exists("/proc/stat"):
+    """The engine's adaptive pool, or None: on a GPU, or with OMP_NUM_THREADS, whose count is
+    applied again here (code in this process may have changed torch's since torch read it, and
+    a fixed count is what float results that must not change with the load rely on)."""
+    if device.type != "cpu":
+        return None
+    fixed = _fixed_threads()
+    if fixed is not None:
+        torch.set_num_threads(fixed)
+        return None
+    if not os.path.exists("/proc/stat"):
         return None
     return AdaptiveThreads()
 
 
+def _fixed_threads() -> int | None:
+    """OMP_NUM_THREADS's count (its first level, as in "4,2"), or None when unset or unreadable."""
+    value = os.environ.get("OMP_NUM_THREADS")
+    if value is None:
+        return None
+    try:
+        return max(1, int(value.split(",")[0]))
+    except ValueError:
+        return None
+
+
 def size_cpu_threads(device: torch.device) -> None:
     """A fixed count, for one-shot jobs whose float sums should not depend on the load
-    (quantize/pipeline.py): a core left free, unless OMP_NUM_THREADS says."""
-    if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(engine_threads())
+    (quantize/pipeline.py): a core left free, or OMP_NUM_THREADS's count."""
+    if device.type == "cpu":
+        torch.set_num_threads(_fixed_threads() or engine_threads())
