@@ -43,7 +43,7 @@ def weight_qparams(weight: torch.Tensor, args: QuantizationArgs, scale_dtype: to
         scale, zero_point = _asymmetric_searched_qparams(w if w.dim() == 3 else w.unsqueeze(1),
                                                          lo, hi, args, scale_dtype)
     elif clip_search and args.type == QuantizationType.INT:
-        scale = _clip_searched_scale(w if w.dim() == 3 else w.unsqueeze(1), lo, hi, scale, args,
+        scale = _clip_searched_scale(w if w.dim() == 3 else w.unsqueeze(1), lo, hi, args,
                                      scale_dtype)
     elif clip_search and args.strategy == QuantizationStrategy.CHANNEL:
         scale = _fp8_searched_scale(w, scale, zero_point, args)
@@ -55,9 +55,8 @@ _SHRINKS = [1.0 - 0.02 * i for i in range(16)]
 
 
 def _clip_searched_scale(groups: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
-                         scale: torch.Tensor, args: QuantizationArgs,
-                         scale_dtype: torch.dtype) -> torch.Tensor:
-    """groups [rows, n, size]; lo/hi/scale [rows, n]: the scale of least squared error."""
+                         args: QuantizationArgs, scale_dtype: torch.dtype) -> torch.Tensor:
+    """groups [rows, n, size]; lo/hi [rows, n]: the scale of least squared error."""
     qmin, qmax = (float(v) for v in calculate_range(args, groups.device))
 
     def candidates():   # generated lazily: one candidate's tensors alive at a time
@@ -65,8 +64,8 @@ def _clip_searched_scale(groups: torch.Tensor, lo: torch.Tensor, hi: torch.Tenso
             s = calculate_qparams(lo * shrink, hi * shrink, args)[0].to(scale_dtype)
             sf = s.float().unsqueeze(-1)
             rounded = torch.clamp(torch.round(groups / sf), qmin, qmax) * sf
-            yield s, (rounded - groups).pow(2).sum(-1)
-    return _least_error(scale, candidates())
+            yield (s,), (rounded - groups).pow(2).sum(-1)
+    return _least_error(candidates())[0]
 
 
 # asymmetric range factors tried: a shrunk range clips rare extremes; a stretched one moves the
@@ -83,34 +82,33 @@ def _asymmetric_searched_qparams(groups: torch.Tensor, lo: torch.Tensor, hi: tor
     qmin, qmax = (float(v) for v in calculate_range(args, groups.device))
     lo, hi = lo.clamp(max=0), hi.clamp(min=0)          # the grid holds 0 (compressed-tensors)
     centre, width = (lo + hi) / 2, (hi - lo).clamp(min=1e-12)
-    best = None
-    for factor in _RANGES:
-        s = (width * factor / (qmax - qmin)).to(scale_dtype)
-        sf = s.float()
-        z_real = qmin - (centre - width * factor / 2) / sf
-        for z in (torch.floor(z_real), torch.ceil(z_real)):
-            z = z.clamp(qmin, qmax)
-            q = torch.clamp(torch.round(groups / sf.unsqueeze(-1)) + z.unsqueeze(-1), qmin, qmax)
-            err = ((q - z.unsqueeze(-1)) * sf.unsqueeze(-1) - groups).pow(2).sum(-1)
-            if best is None:
-                best = [s, z, err]
-                continue
-            better = err < best[2]
-            best = [torch.where(better, s, best[0]), torch.where(better, z, best[1]),
-                    torch.where(better, err, best[2])]
-    return best[0], best[1].to(args.zp_dtype)
+
+    def candidates():
+        for factor in _RANGES:
+            s = (width * factor / (qmax - qmin)).to(scale_dtype)
+            sf = s.float()
+            z_real = qmin - (centre - width * factor / 2) / sf
+            for z in (torch.floor(z_real), torch.ceil(z_real)):
+                z = z.clamp(qmin, qmax)
+                q = torch.clamp(torch.round(groups / sf.unsqueeze(-1)) + z.unsqueeze(-1), qmin,
+                                qmax)
+                err = ((q - z.unsqueeze(-1)) * sf.unsqueeze(-1) - groups).pow(2).sum(-1)
+                yield (s, z), err
+    scale, zero_point = _least_error(candidates())
+    return scale, zero_point.to(args.zp_dtype)
 
 
-def _least_error(scale: torch.Tensor, candidates) -> torch.Tensor:
-    """Elementwise, the candidate scale of least error; the first candidate's error is the bar
-    and ``scale`` stands for it (the first candidate is the unsearched scale)."""
-    best, best_err = scale, None
-    for s, err in candidates:
-        if best_err is None:
-            best_err = err
+def _least_error(candidates) -> tuple[torch.Tensor, ...]:
+    """Elementwise, the values of the candidate of least error: each candidate is (a tuple of
+    tensors, their error); ties keep the earlier one, so the first (the unsearched choice) is
+    the bar."""
+    best, best_err = None, None
+    for values, err in candidates:
+        if best is None:
+            best, best_err = values, err
             continue
         better = err < best_err
-        best = torch.where(better, s, best)
+        best = tuple(torch.where(better, v, b) for v, b in zip(values, best))
         best_err = torch.where(better, err, best_err)
     return best
 
@@ -128,8 +126,9 @@ def _fp8_searched_scale(w: torch.Tensor, scale: torch.Tensor, zero_point: torch.
     def candidates():
         for stretch in _FP8_STRETCHES:
             s = (scale.float() * stretch).to(scale.dtype)
-            yield s, (quantize_dequantize(w, s, zero_point, args) - w).pow(2).sum(1, keepdim=True)
-    return _least_error(scale, candidates())
+            err = (quantize_dequantize(w, s, zero_point, args) - w).pow(2).sum(1, keepdim=True)
+            yield (s,), err
+    return _least_error(candidates())[0]
 
 
 def quantize_dequantize(weight: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
