@@ -128,11 +128,8 @@ def cpu_threads(device: torch.device) -> AdaptiveThreads | None:
     a fixed count is what float results that must not change with the load rely on)."""
     if device.type != "cpu":
         return None
-    fixed = _fixed_threads()
-    if fixed is not None:
-        torch.set_num_threads(fixed)
-        return None
-    if not os.path.exists("/proc/stat"):
+    if _fixed_threads() is not None or not os.path.exists("/proc/stat"):
+        size_cpu_threads(device)    # nothing to adapt to, or nothing to measure it with
         return None
     return AdaptiveThreads()
 

@@ -35,10 +35,6 @@ def _store(k, v, kv_cache, rows, blocks, offsets) -> None:
     kv_cache[1, blocks, :, offsets] = v.to(kv_cache.dtype)
 
 
-def _write(k, v, kv_cache, plan: "_StepPlan") -> None:
-    _store(k, v, kv_cache, plan.write_rows, plan.write_blocks, plan.write_offsets)
-
-
 def gather_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int):
     """K and V of one sequence's first seq_len tokens: two [seq_len, Hkv, D] tensors."""
     block_size = kv_cache.shape[3]
@@ -77,7 +73,7 @@ class TorchAttentionBackend(AttentionBackend):
 
     def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, scale: float):
         plan = self._step_plan(meta, kv_cache)
-        _write(k, v, kv_cache, plan)
+        _store(k, v, kv_cache, plan.write_rows, plan.write_blocks, plan.write_offsets)
         out = torch.empty_like(q)
         num_heads, num_kv_heads = q.shape[1], k.shape[1]
         group = num_heads // num_kv_heads
