@@ -26,7 +26,8 @@ from autoglm_serve.engine.core.token_counts import DeviceTokenCounts
 from autoglm_serve.engine.parallel.layout import SINGLE
 from autoglm_serve.host_transfer import to_device
 from autoglm_serve.structured.bitmask import fill_step_bitmask
-from autoglm_serve.models.layers.attention import Attention, AttentionBackend, AttentionMetadata
+from autoglm_serve.models.layers.attention import (Attention, AttentionBackend, AttentionMetadata,
+                                                  new_kv_cache)
 from autoglm_serve.multimodal.encoder_cache import EncoderCache
 
 logger = logging.getLogger(__name__)
@@ -127,9 +128,8 @@ class ModelRunner:
     def allocate_kv_cache(self, num_blocks: int) -> None:
         self.kv_caches = []
         for layer in self.attention_layers:
-            cache = torch.zeros(2, num_blocks, layer.num_kv_heads, self.block_size, layer.head_dim,
-                                dtype=self.kv_dtype, device=self.device)
-            self.kv_caches.append(cache)
+            self.kv_caches.append(new_kv_cache(num_blocks, layer.num_kv_heads, self.block_size,
+                                               layer.head_dim, self.kv_dtype, self.device))
         self.model.bound_runner = None
         self.bind_kv_cache()
 

@@ -115,9 +115,7 @@ MAX_RUNS = 16   # runs of consecutive blocks read in place; more fragmented: gat
 
 @dataclass
 class _InPlaceRead:
-    runs: list[tuple[int, int]]     # (first block, count), ascending
-    last: int                       # the sequence's last block ...
-    filled: int                     # ... and how many of its slots hold tokens
+    runs: list[tuple[int, int]]     # (first block, tokens) of each run, in the table's order
 
 
 @dataclass
@@ -166,11 +164,15 @@ def _in_place_reads(tables: list[list[int]], seq_lens: list[int],
         if n == 0:
             reads.append(None)
             continue
-        blocks = table[:-(-n // block_size)]
-        runs = _block_runs(blocks)
+        num_blocks = -(-n // block_size)
+        runs = _block_runs(table[:num_blocks])
         if len(runs) > MAX_RUNS:
             return None
-        reads.append(_InPlaceRead(runs, blocks[-1], n - (len(blocks) - 1) * block_size))
+        # the last run ends with the sequence's last block, which holds its last tokens
+        first, count = runs[-1]
+        tokens = [(b, c * block_size) for b, c in runs[:-1]]
+        tokens.append((first, n - (num_blocks - count) * block_size))
+        reads.append(_InPlaceRead(tokens))
     return reads
 
 
@@ -183,9 +185,9 @@ def _decode(q, kv_cache, plan: _DecodePlan, group: int, scale: float) -> torch.T
 
 
 def _block_runs(blocks: list[int]) -> list[tuple[int, int]]:
-    """(first block, count) of each run of consecutive ids, in ascending order."""
+    """(first block, count) of each run of consecutive ids, in the table's order."""
     runs: list[list[int]] = []
-    for b in sorted(blocks):
+    for b in blocks:
         if runs and b == runs[-1][0] + runs[-1][1]:
             runs[-1][1] += 1
         else:
@@ -199,57 +201,55 @@ def _matmul_dtype(kv_cache: torch.Tensor, q: torch.Tensor) -> torch.dtype:
     return q.dtype if kv_cache.dtype == torch.float8_e4m3fn else kv_cache.dtype
 
 
-def _decode_in_place(q, kv_cache, read: _InPlaceRead, group: int, scale: float):
-    """One sequence's decode over slices of the cache, no copy of K or V. Attention does not
-    depend on the order of its keys (their positions are in them already, by RoPE), so the
-    blocks are taken in id order: the allocator hands out and frees blocks in runs, and each
-    run is one view. Only the last block's unwritten slots are masked.
+def _run_view(kv_cache, which: int, first: int, tokens: int, dtype) -> torch.Tensor:
+    """[1, Hkv, tokens, D]: a run's K (which=0) or V, a view where the cache is laid out heads
+    first (new_kv_cache on a CPU); a copy otherwise."""
+    _, _, hkv, block_size, d = kv_cache.shape
+    blocks = -(-tokens // block_size)
+    run = kv_cache[which, first:first + blocks].transpose(0, 1)            # [Hkv, c, BS, D]
+    return run.reshape(1, hkv, blocks * block_size, d)[:, :, :tokens].to(dtype)
 
-    A run [c, Hkv, BS, D] is contiguous, so it meets every query head in one GEMM, and each
-    query head keeps its own KV head's scores (the diagonal): 3x the flops of per-head
-    products, but one large matmul instead of c * Hkv tiny ones (at 4,000 tokens, bf16, one
-    thread: ~0.4 against 1.8 ms a layer). V is met the same way, the other heads' weights zero."""
-    block_size, hkv, d = kv_cache.shape[3], kv_cache.shape[2], kv_cache.shape[4]
-    last, filled = read.last, read.filled
+
+def _decode_in_place(q, kv_cache, read: _InPlaceRead, group: int, scale: float):
+    """One sequence's decode over views of its runs of blocks, no copy of K or V. One run: one
+    SDPA. Several: flash attention over each, merged by their log-sum-exps (the kernel's
+    second output), each query head's G = H / Hkv group taken as G query rows of its KV head."""
+    hkv, d = kv_cache.shape[2], kv_cache.shape[4]
     dtype = _matmul_dtype(kv_cache, q)
-    qt = q.to(dtype).T                                                     # [D, Hq]
-    parts = []
-    for first, count in read.runs:
-        k = kv_cache[0, first:first + count].reshape(-1, d).to(dtype)      # [c*Hkv*BS, D]
-        every = (k @ qt).float().view(count, hkv, block_size, hkv, group)
-        own = torch.diagonal(every, dim1=1, dim2=3).permute(3, 2, 0, 1)    # [Hkv, G, c, BS]
-        if first <= last < first + count and filled < block_size:
-            own = own.clone()
-            own[:, :, last - first, filled:] = float("-inf")
-        parts.append(own.reshape(hkv, group, count * block_size))
-    scores = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]      # [Hkv, G, L]
-    probs = torch.softmax(scores.mul_(scale), dim=-1).to(dtype)
-    out = None
-    offset = 0
-    for first, count in read.runs:
-        own = probs[:, :, offset:offset + count * block_size].view(hkv, group, count, block_size)
-        weights = q.new_zeros((hkv, group, count, hkv, block_size), dtype=dtype)
-        torch.diagonal(weights, dim1=0, dim2=3).copy_(own.permute(1, 2, 3, 0))
-        v = kv_cache[1, first:first + count].reshape(-1, d).to(dtype)      # [c*Hkv*BS, D]
-        o = (weights.view(hkv * group, -1) @ v).float()                    # [Hq, D]
-        out = o if out is None else out + o
-        offset += count * block_size
-    return out.to(q.dtype)
+    if len(read.runs) == 1:
+        first, tokens = read.runs[0]
+        o = F.scaled_dot_product_attention(
+            q.to(dtype).view(1, hkv * group, 1, d), _run_view(kv_cache, 0, first, tokens, dtype),
+            _run_view(kv_cache, 1, first, tokens, dtype), scale=scale, enable_gqa=group > 1)
+        return o.view(hkv * group, d).to(q.dtype)
+    rows = q.to(dtype).view(1, hkv, group, d)
+    outs, lses = [], []
+    for first, tokens in read.runs:
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            rows, _run_view(kv_cache, 0, first, tokens, dtype),
+            _run_view(kv_cache, 1, first, tokens, dtype), scale=scale)
+        outs.append(o.float())
+        lses.append(lse)
+    lse = torch.stack(lses)                                           # [R, 1, Hkv, G]
+    weights = torch.exp(lse - torch.logsumexp(lse, dim=0)).unsqueeze(-1)
+    out = (torch.stack(outs) * weights).sum(dim=0)                    # [1, Hkv, G, D]
+    return out.view(hkv * group, d).to(q.dtype)
 
 
 def _decode_gathered(q, kv_cache, plan: _DecodePlan, group: int, scale: float):
-    """All decodes at once: their blocks gathered whole ([Hkv, BS, D] tiles by index_select,
-    ~4x faster than advanced indexing into the cache), laid out [n, Hkv, L, D], then one SDPA
-    with GQA under each row's length mask. At 16 rows of ~100 tokens on a CPU this took half
-    the time of the per-block matmuls it replaced (0.38 against 0.72 ms a layer, bf16)."""
+    """All decodes at once: their blocks gathered whole ([BS, D] tiles of each head by
+    index_select, ~4x faster than advanced indexing into the cache), seen as [n, Hkv, L, D],
+    then one SDPA with GQA under each row's length mask. At 16 rows of ~100 tokens on a CPU
+    this took half the time of the per-block matmuls it replaced (0.38 against 0.72 ms a
+    layer, bf16). The select runs along the heads-first view, contiguous on a CPU (a CPU
+    index_select copies a strided source whole first: 2.2 ms a layer)."""
     if plan.num_blocks == 0:
         return torch.zeros_like(q)
     n, nb = q.shape[0], plan.num_blocks
     _, _, hkv, block_size, d = kv_cache.shape
     dtype = _matmul_dtype(kv_cache, q)
-    kv = kv_cache.index_select(1, plan.index).to(dtype)            # [2, n * NB, Hkv, BS, D]
-    kv = kv.view(2, n, nb, hkv, block_size, d).transpose(2, 3).reshape(2, n, hkv,
-                                                                        nb * block_size, d)
+    kv = kv_cache.transpose(1, 2).index_select(2, plan.index).to(dtype)  # [2, Hkv, n*NB, BS, D]
+    kv = kv.view(2, hkv, n, nb * block_size, d).transpose(1, 2)          # [2, n, Hkv, L, D]
     o = F.scaled_dot_product_attention(q.to(dtype).view(n, hkv * group, 1, d), kv[0], kv[1],
                                        attn_mask=plan.mask, scale=scale,
                                        enable_gqa=group > 1).view(n, hkv * group, d)
