@@ -18,6 +18,8 @@ The rotary embedding of q and k is part of the op: a backend may fuse it into it
 """
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import dataclass
 
 import torch
@@ -59,10 +61,21 @@ def new_kv_cache(num_blocks: int, num_kv_heads: int, block_size: int, head_dim: 
     same K and V, against ~0.7 ms for a gather or per-block products); a GPU kernel reads tiles
     and keeps them contiguous."""
     if device.type == "cpu":
-        return torch.zeros(2, num_kv_heads, num_blocks, block_size, head_dim, dtype=dtype,
-                           device=device).permute(0, 2, 1, 3, 4)
+        return _zero_pages((2, num_kv_heads, num_blocks, block_size, head_dim),
+                           dtype).permute(0, 2, 1, 3, 4)
     return torch.zeros(2, num_blocks, num_kv_heads, block_size, head_dim, dtype=dtype,
                        device=device)
+
+
+def _zero_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Zeros in an anonymous mapping, whose pages the kernel hands out zeroed as they are first
+    written: a CPU cache takes memory as it fills (torch.zeros writes every page at once, the
+    embedded default's 2 GiB at each start, and each engine of a test run)."""
+    count = math.prod(shape)
+    if count == 0:
+        return torch.zeros(shape, dtype=dtype)
+    pages = mmap.mmap(-1, count * dtype.itemsize)
+    return torch.frombuffer(pages, dtype=dtype, count=count).view(shape)
 
 
 class AttentionBackend:
