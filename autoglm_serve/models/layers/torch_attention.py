@@ -95,16 +95,37 @@ class TorchAttentionBackend(AttentionBackend):
         # 1,000 tokens than its flash kernel), and bf16 flash keeps float32 sums (2.7x faster)
         dtype = _matmul_dtype(k, q)
         qh, kh, vh = (x.to(dtype).transpose(0, 1)[None] for x in (q, k, v))
-        lq, lk = q.shape[0], k.shape[0]
         if causal_offset == 0:
-            mask, causal = None, True
+            o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale,
+                                               enable_gqa=group > 1)
+        elif q.device.type == "cpu":
+            # a chunk after cached context: every query sees all of the context, and the chunk
+            # causally, merged by log-sum-exp; one masked SDPA computed every masked score
+            c = causal_offset
+            o = _merge_by_lse([_flash_cpu(qh, kh[:, :, :c], vh[:, :, :c], scale),
+                               _flash_cpu(qh, kh[:, :, c:], vh[:, :, c:], scale, causal=True)])
         else:
+            lq, lk = q.shape[0], k.shape[0]
             q_pos = torch.arange(lq, device=q.device)[:, None] + causal_offset
-            mask, causal = torch.arange(lk, device=q.device)[None, :] <= q_pos, False
-        # enable_gqa: query heads share their KV head without copying it `group` times
-        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal,
-                                           scale=scale, enable_gqa=group > 1)
+            mask = torch.arange(lk, device=q.device)[None, :] <= q_pos
+            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale,
+                                               enable_gqa=group > 1)
         return o[0].transpose(0, 1).to(q.dtype)
+
+
+def _flash_cpu(q, k, v, scale: float, causal: bool = False):
+    """(out, log-sum-exp) of torch's CPU flash kernel, which takes fewer KV heads than query
+    heads (GQA) as they are."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=causal,
+                                                                      scale=scale)[:2]
+
+
+def _merge_by_lse(parts) -> torch.Tensor:
+    """Attention over the union of disjoint key sets from each set's (out [..., L, D],
+    log-sum-exp [..., L]); float32."""
+    lse = torch.stack([p[1] for p in parts])
+    weights = torch.exp(lse - torch.logsumexp(lse, dim=0)).unsqueeze(-1)
+    return (torch.stack([p[0].float() for p in parts]) * weights).sum(dim=0)
 
 
 # From this context length a CPU decode reads each sequence's KV blocks where they lie: at
@@ -223,16 +244,9 @@ def _decode_in_place(q, kv_cache, read: _InPlaceRead, group: int, scale: float):
             _run_view(kv_cache, 1, first, tokens, dtype), scale=scale, enable_gqa=group > 1)
         return o.view(hkv * group, d).to(q.dtype)
     rows = q.to(dtype).view(1, hkv, group, d)
-    outs, lses = [], []
-    for first, tokens in read.runs:
-        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            rows, _run_view(kv_cache, 0, first, tokens, dtype),
-            _run_view(kv_cache, 1, first, tokens, dtype), scale=scale)
-        outs.append(o.float())
-        lses.append(lse)
-    lse = torch.stack(lses)                                           # [R, 1, Hkv, G]
-    weights = torch.exp(lse - torch.logsumexp(lse, dim=0)).unsqueeze(-1)
-    out = (torch.stack(outs) * weights).sum(dim=0)                    # [1, Hkv, G, D]
+    out = _merge_by_lse([_flash_cpu(rows, _run_view(kv_cache, 0, first, tokens, dtype),
+                                    _run_view(kv_cache, 1, first, tokens, dtype), scale)
+                         for first, tokens in read.runs])                # [1, Hkv, G, D]
     return out.view(hkv * group, d).to(q.dtype)
 
 
