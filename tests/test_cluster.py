@@ -21,7 +21,10 @@ from tests.server_fixtures import metric, parse_metrics, server_fixture
 pytest.importorskip("ray.serve")
 
 MODEL = "smol"
-ENGINE_FLAGS = ["--max-model-len", "1024", "--kv-cache-memory-gib", "0.25",
+# float32: the tests compare greedy answers across replicas and prefix-cache states; in bf16 a
+# prompt's cached tail runs the 4-bit kernel (<= 8 rows) where an uncached prompt ran the dense
+# one, and their rounding flipped SmolLM2's first token once ("1. Red" / "The most obvious")
+ENGINE_FLAGS = ["--max-model-len", "1024", "--kv-cache-memory-gib", "0.25", "--dtype", "float32",
                 "--served-model-name", MODEL, "--no-engine-process", "--max-num-seqs", "16"]
 CLUSTER_FLAGS = ["--min-replicas", "1", "--max-replicas", "2", "--replica-cpus", "0.5",
                  "--target-ongoing-requests", "1", "--upscale-delay-s", "1",
