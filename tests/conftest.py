@@ -39,23 +39,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_teardown(item, nextitem):
-    """After a module's fixtures are torn down, its models and engines are freed (they hold
-    reference cycles) and the heap's free pages go back to the system: without it the run kept
-    the 9 GB of test_quantize_quality's GPTQ calibration to its end, and CI, beside the servers
-    later tests start, was killed for memory."""
-    yield
-    if nextitem is None or nextitem.module is not item.module:
-        gc.collect()
-        _malloc_trim(0)
-
-
 try:
     _malloc_trim = ctypes.CDLL(None).malloc_trim   # glibc
 except (OSError, AttributeError):
     def _malloc_trim(pad: int) -> int:
         return 0
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After a module's fixtures are torn down, its models and engines are freed (they hold
+    reference cycles) and the heap's free pages go back to the system: without it the run kept
+    the 11.7 GB of test_quantize_quality's GPTQ calibration to its end, and CI, beside the servers
+    later tests start, was killed for memory."""
+    yield
+    if nextitem is None or nextitem.module is not item.module:
+        gc.collect()
+        _malloc_trim(0)
 
 
 @pytest.fixture

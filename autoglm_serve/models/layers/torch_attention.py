@@ -233,8 +233,9 @@ def _run_view(kv_cache, which: int, first: int, tokens: int, dtype) -> torch.Ten
 
 def _decode_in_place(q, kv_cache, read: _InPlaceRead, group: int, scale: float):
     """One sequence's decode over views of its runs of blocks, no copy of K or V. One run: one
-    SDPA. Several: flash attention over each, merged by their log-sum-exps (the kernel's
-    second output), each query head's G = H / Hkv group taken as G query rows of its KV head."""
+    SDPA with GQA (at 4,000 tokens, 30 cold layers: 23.2 ms against 26.1 for the flash kernel
+    with each KV head's G = H / Hkv query heads as G rows). Several: that flash kernel over
+    each, merged by their log-sum-exps (its second output)."""
     hkv, d = kv_cache.shape[2], kv_cache.shape[4]
     dtype = _matmul_dtype(kv_cache, q)
     if len(read.runs) == 1:
