@@ -1,6 +1,8 @@
 """Our GLM-4.1V vision tower against transformers' Glm4vVisionModel on the same tiny random weights."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -59,6 +61,30 @@ def test_two_images_of_different_sizes_stay_separate(towers):
         first = ours(pixels[:n0], [[1, 6, 10]])
         second = ours(pixels[n0:], [[1, 14, 4]])
     torch.testing.assert_close(both, torch.cat([first, second]), rtol=1e-5, atol=1e-5)
+
+
+def test_geometry_of_a_repeated_grid_is_kept_and_renewed_with_the_weights(towers):
+    """A phone agent's screenshots share one grid: the second call reuses the first's position
+    embeddings and rotary angles (and still matches transformers); a new position table
+    loaded into the tower is not hidden by the kept ones."""
+    first = _compare(towers, [[1, 8, 12]])
+    again = _compare(towers, [[1, 8, 12]])
+    assert torch.equal(first, again)
+    _compare(towers, [[1, 6, 10]])          # another grid in between
+    assert torch.equal(_compare(towers, [[1, 8, 12]]), first)
+
+    ours, _ = towers
+    tower = copy.deepcopy(ours)
+    pixels = _pixels([[1, 8, 12]])
+    with torch.no_grad():
+        kept = tower(pixels, [[1, 8, 12]])
+        table = torch.randn_like(tower.pos_embed)
+        tower.load_weights([("model.visual.embeddings.position_embedding.weight", table)])
+        renewed = tower(pixels, [[1, 8, 12]])
+        fresh = copy.deepcopy(tower)
+        fresh._last_geometry = None
+        torch.testing.assert_close(renewed, fresh(pixels, [[1, 8, 12]]), rtol=0, atol=0)
+    assert not torch.allclose(renewed, kept)
 
 
 def test_grid_larger_than_position_table(towers):
