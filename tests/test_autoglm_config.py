@@ -4,6 +4,7 @@ GLM-4.1V-9B-Thinking's published ones."""
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,19 @@ def test_reasoning_tags_are_ordinary_tokens(tokenizer):
     assert [ids[i] for i in (0, 2, 3, 5, 6)] == [151350, 151351, 151347, 151348, 151336]
     assert tokenizer.decode(ids, skip_special_tokens=True) == "<think>a</think><answer>b</answer>"
     assert not {"<think>", "</think>", "<answer>", "</answer>"} & set(tokenizer.all_special_tokens)
+
+
+def test_generated_ids_round_trip(tokenizer):
+    """A random-weight model's reply (ids anywhere in the vocabulary) comes back as the same ids
+    when a client sends the text again as history, as with the real tokenizer: a reply of 128
+    tokens costs 128 tokens of prompt, not a token per byte of its fillers' names."""
+    rng = random.Random(0)
+    # ids above the byte range, and whole ASCII characters (a lone byte of a multi-byte
+    # character decodes to U+FFFD with any byte-level tokenizer)
+    reply = [rng.randrange(256, 151329) if rng.random() < 0.8 else rng.randrange(65, 91)
+             for _ in range(128)]
+    text = tokenizer.decode(reply, skip_special_tokens=True)
+    assert tokenizer(text, add_special_tokens=False)["input_ids"] == reply
 
 
 def test_assistant_history_is_replayed_verbatim(tokenizer):

@@ -3,7 +3,7 @@
 ``autoglm-serve serve autoglm-phone-9b --load-format dummy`` runs the real architecture without
 the checkpoint, and so without its 151k-token BPE. This tokenizer keeps what the engine and the
 API depend on: GLM's control tokens at their real ids, the reasoning tags at theirs, GLM-4.1V's
-published chat template, and a byte level text encoding (ids 0..255; any text round-trips).
+published chat template, and a byte level text encoding (ids 0..255; any text round-trips, and so do the generated ids).
 Token counts of text differ from the real tokenizer's (one token per byte): benchmarks that care
 give prompts as token ids. A real checkpoint directory brings its own tokenizer and template,
 which always win.
@@ -70,13 +70,19 @@ def byte_level_glm_tokenizer(first_special_id: int = FIRST_SPECIAL_ID):
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {ch: i for i, ch in enumerate(alphabet)}
     named = {i: tok for tok, i in glm_token_ids(first_special_id).items()}
+    fillers = [f"<|reserved_{i}|>" for i in range(len(vocab), first_special_id + NUM_GLM_TOKENS)
+               if i not in named]
     for i in range(len(vocab), first_special_id + NUM_GLM_TOKENS):
         vocab[named.get(i, f"<|reserved_{i}|>")] = i
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    # already in the vocab, so each keeps its id; added, so text containing it maps to it
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_OFFSETS])
+    # Already in the vocab, so each keeps its id; added, so text containing it maps to it. The
+    # fillers too: a random-weight model's replies are mostly fillers, and a phone agent sends
+    # them back as history, which must cost what the real tokenizer's would (a token for a
+    # token), not a token per byte (17 for one filler).
+    tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                    for t in [*TAG_OFFSETS, *fillers]])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
                                    pad_token="<|endoftext|>",
                                    additional_special_tokens=SPECIAL_TOKENS, padding_side="left")
