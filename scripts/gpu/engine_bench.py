@@ -314,6 +314,8 @@ def parse_args(argv=None):
     ap.add_argument("--max-pixels", type=int, default=5_000_000)
     ap.add_argument("--baseline-batch", type=int, default=64)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--quantization", default=None, help="as `serve --quantization`")
+    ap.add_argument("--mm-encoder-quantization", default=None)
     ap.add_argument("--max-model-len", type=int, default=8192)
     ap.add_argument("--max-num-seqs", type=int, default=512)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)

@@ -105,7 +105,9 @@ def build_llm(args):
     kw = dict(load_format="dummy", dtype=args.dtype, max_model_len=args.max_model_len,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               skip_tokenizer_init=args.skip_tokenizer_init, enforce_eager=args.enforce_eager,
-              enable_prefix_caching=True, mm_processor_kwargs={"max_pixels": args.max_pixels})
+              enable_prefix_caching=True, mm_processor_kwargs={"max_pixels": args.max_pixels},
+              quantization=args.quantization,
+              mm_encoder_quantization=args.mm_encoder_quantization)
     if args.smoke:
         kw.update(device="cpu", kv_cache_memory_gib=0.25)
     else:
