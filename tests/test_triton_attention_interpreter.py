@@ -120,7 +120,7 @@ def test_long_prefills_take_sdpa(backend, monkeypatch, dtype):
     from autoglm_serve.models.layers import dense_prefill
     b = make_batch([37], [(0, 1030), (21, 1100), (300, 1024)], num_heads=4, num_kv_heads=2,
                    head_dim=16, block_size=16, dtype=dtype, device="cpu")
-    assert dense_prefill.dense_prefills(b.meta, dtype) == [(1, 1, 1031), (2, 1031, 2131),
+    assert dense_prefill.dense_prefills(b.meta) == [(1, 1, 1031), (2, 1031, 2131),
                                                      (3, 2131, 3155)]
 
     def paged_kernel_called(*args, **kwargs):
@@ -129,7 +129,7 @@ def test_long_prefills_take_sdpa(backend, monkeypatch, dtype):
     check_backend(backend, b)
     other = make_batch([], [(0, 1030), (16, 50)], num_heads=4, num_kv_heads=2, head_dim=16,
                        block_size=16, dtype=torch.float32, device="cpu")
-    assert dense_prefill.dense_prefills(other.meta, torch.float32) is None
+    assert dense_prefill.dense_prefills(other.meta) is None
 
 
 @pytest.mark.parametrize("block_size", [16, 64])

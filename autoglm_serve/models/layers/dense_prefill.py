@@ -33,14 +33,11 @@ DENSE_PREFILL_MIN_TOKENS = 1024
 _cudnn_takes_gqa: bool | None = None
 
 
-def dense_prefills(meta: AttentionMetadata,
-                   dtype: torch.dtype) -> list[tuple[int, int, int]] | None:
+def dense_prefills(meta: AttentionMetadata) -> list[tuple[int, int, int]] | None:
     """(sequence, first row, end row) of every prefill of the step when all of them qualify:
-    few, each chunk long, and (on a GPU) 16-bit, which cuDNN's kernel needs."""
+    few, and each chunk long."""
     first = meta.num_decodes
-    on_gpu = meta.seq_lens.device.type == "cuda"
-    if (on_gpu and dtype not in (torch.float16, torch.bfloat16)
-            or meta.num_seqs - first > DENSE_PREFILL_MAX_SEQS
+    if (meta.num_seqs - first > DENSE_PREFILL_MAX_SEQS
             or meta.max_query_len < DENSE_PREFILL_MIN_TOKENS):
         return None
     starts = meta.query_start_loc_cpu.tolist()

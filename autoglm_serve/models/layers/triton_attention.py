@@ -111,7 +111,7 @@ class TritonAttentionBackend(AttentionBackend):
                              self.decode_split(nd, num_kv_heads, q.device),
                              self.merge_counters(nd * num_kv_heads, q.device))
         if meta.num_seqs > nd:
-            dense = dense_prefills(meta, q.dtype)
+            dense = dense_prefills(meta)
             if dense is None:
                 prefill_attention(out, q, kv_cache, meta.block_tables, meta.seq_lens,
                                   meta.query_start_loc, scale, seq_offset=nd,
