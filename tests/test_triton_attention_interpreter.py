@@ -110,24 +110,6 @@ def test_prefill_without_prefix(backend, dtype):
     check_backend(backend, b)
 
 
-def test_long_prefills_without_prefix_take_sdpa(backend, monkeypatch):
-    """Long prompts with nothing cached go through SDPA on K/V gathered from the cache (next
-    to a decode); a cached prefix or a short prompt in the step keeps the paged kernel."""
-    from autoglm_serve.models.layers import triton_attention
-    b = make_batch([37], [(0, 1030), (0, 1100)], num_heads=4, num_kv_heads=2, head_dim=16,
-                   block_size=16, dtype=torch.float32, device="cpu")
-    assert triton_attention._dense_prefills(b.meta) == [(1, 1, 1031), (2, 1031, 2131)]
-
-    def paged_kernel_called(*args, **kwargs):
-        raise AssertionError("the paged prefill kernel ran")
-    monkeypatch.setattr(triton_attention, "prefill_attention", paged_kernel_called)
-    check_backend(backend, b)
-    for prefills in ([(0, 1030), (16, 1100)], [(0, 1030), (0, 50)]):
-        other = make_batch([], prefills, num_heads=4, num_kv_heads=2, head_dim=16, block_size=16,
-                           dtype=torch.float32, device="cpu")
-        assert triton_attention._dense_prefills(other.meta) is None
-
-
 @pytest.mark.parametrize("block_size", [16, 64])
 def test_prefill_with_cached_prefix(backend, block_size):
     # Prefixes that end mid-page, on a page boundary and beyond one key tile.

@@ -6,31 +6,23 @@ attention over the rest. Nothing reads a device tensor on the host, and the deco
 depend only on the batch shape (never on context lengths, the split-K grid included), so
 pure-decode steps can be captured once and replayed.
 
-One exception to the paged prefill kernel: a few long prompts with nothing cached before them
-(a phone screenshot's first prefill) go to PyTorch's SDPA on their K/V gathered from the cache.
-Its cuDNN kernel ran causal GQA attention over 4k tokens in 267 us on an H200 against 449 us
-for our paged kernel, worth the gather (2 x 2 MB) and the handful of launches.
+Prefill never goes to cuDNN's attention, though it is faster over contiguous K/V (267 against
+449 us for 4k tokens on an H200): cuDNN builds a plan for every new shape, 55-70 ms each on
+the H200 (torch 2.11), and every new prompt length is a new shape.
 """
 from __future__ import annotations
 
 import logging
 
 import torch
-import torch.nn.functional as F
 
 from autoglm_serve.kernels import fused_ops_enabled
 from autoglm_serve.kernels.kv_write import rotate_and_write_kv_cache, write_kv_cache
 from autoglm_serve.kernels.paged_attention import (DecodeSplit, decode_attention, decode_split,
                                                    prefill_attention)
 from autoglm_serve.models.layers.attention import AttentionBackend, AttentionMetadata, Rope
-from autoglm_serve.models.layers.torch_attention import gather_kv
 
 logger = logging.getLogger(__name__)
-
-# Prefill steps whose prefills are at most this many sequences, each at least this long and
-# with no cached prefix, run their attention through SDPA (see the module docstring).
-DENSE_PREFILL_MAX_SEQS = 4
-DENSE_PREFILL_MIN_TOKENS = 1024
 
 
 def _num_sms(device: torch.device) -> int:
@@ -118,36 +110,10 @@ class TritonAttentionBackend(AttentionBackend):
                              self.decode_split(nd, num_kv_heads, q.device),
                              self.merge_counters(nd * num_kv_heads, q.device))
         if meta.num_seqs > nd:
-            dense = _dense_prefills(meta)
-            if dense is None:
-                prefill_attention(out, q, kv_cache, meta.block_tables, meta.seq_lens,
-                                  meta.query_start_loc, scale, seq_offset=nd,
-                                  num_seqs=meta.num_seqs - nd, max_query_len=meta.max_query_len)
-            for seq, start, end in dense or ():
-                keys, values = gather_kv(kv_cache, meta.block_tables[seq], end - start)
-                heads = [t.to(q.dtype).transpose(0, 1).unsqueeze(0)
-                         for t in (q[start:end], keys, values)]
-                out[start:end] = F.scaled_dot_product_attention(
-                    *heads, is_causal=True, scale=scale, enable_gqa=True)[0].transpose(0, 1)
+            prefill_attention(out, q, kv_cache, meta.block_tables, meta.seq_lens,
+                              meta.query_start_loc, scale, seq_offset=nd,
+                              num_seqs=meta.num_seqs - nd, max_query_len=meta.max_query_len)
         return out
-
-
-def _dense_prefills(meta: AttentionMetadata) -> list[tuple[int, int, int]] | None:
-    """(sequence, first row, end row) of every prefill of the step when all of them qualify
-    for SDPA: few, long, and starting from an empty cache (so the causal mask is SDPA's own)."""
-    first = meta.num_decodes
-    if (meta.num_seqs - first > DENSE_PREFILL_MAX_SEQS
-            or meta.max_query_len < DENSE_PREFILL_MIN_TOKENS):
-        return None
-    starts = meta.query_start_loc_cpu.tolist()
-    seq_lens = meta.seq_lens_cpu.tolist()
-    rows = []
-    for seq in range(first, meta.num_seqs):
-        start, end = starts[seq], starts[seq + 1]
-        if end - start < DENSE_PREFILL_MIN_TOKENS or seq_lens[seq] != end - start:
-            return None
-        rows.append((seq, start, end))
-    return rows
 
 
 def _random_decodes(seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int,
