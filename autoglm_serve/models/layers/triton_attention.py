@@ -6,9 +6,9 @@ attention over the rest. Nothing reads a device tensor on the host, and the deco
 depend only on the batch shape (never on context lengths, the split-K grid included), so
 pure-decode steps can be captured once and replayed.
 
-Prefill never goes to cuDNN's attention, though it is faster over contiguous K/V (267 against
-449 us for 4k tokens on an H200): cuDNN builds a plan for every new shape, 55-70 ms each on
-the H200 (torch 2.11), and every new prompt length is a new shape.
+Prefill never goes to cuDNN's attention, though it is a little faster over contiguous K/V (301
+against 330 us for 4k tokens on an H200): cuDNN builds a plan for every new shape, 55-70 ms
+each there (torch 2.11, scripts/gpu/cudnn_shape_probe.py), and every new prompt length is one.
 """
 from __future__ import annotations
 
