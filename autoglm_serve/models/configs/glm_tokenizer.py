@@ -3,10 +3,10 @@
 ``autoglm-serve serve autoglm-phone-9b --load-format dummy`` runs the real architecture without
 the checkpoint, and so without its 151k-token BPE. This tokenizer keeps what the engine and the
 API depend on: GLM's control tokens at their real ids, the reasoning tags at theirs, GLM-4.1V's
-published chat template, and a byte level text encoding (ids 0..255; any text round-trips, and so do the generated ids).
-Token counts of text differ from the real tokenizer's (one token per byte): benchmarks that care
-give prompts as token ids. A real checkpoint directory brings its own tokenizer and template,
-which always win.
+published chat template, and a byte level text encoding (ids 0..255; any text round-trips, and
+so do generated ids). Token counts of text differ from the real tokenizer's (one token per
+byte): benchmarks that care give prompts as token ids. A real checkpoint directory brings its
+own tokenizer and template, which always win.
 """
 from __future__ import annotations
 
@@ -70,10 +70,13 @@ def byte_level_glm_tokenizer(first_special_id: int = FIRST_SPECIAL_ID):
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {ch: i for i, ch in enumerate(alphabet)}
     named = {i: tok for tok, i in glm_token_ids(first_special_id).items()}
-    fillers = [f"<|reserved_{i}|>" for i in range(len(vocab), first_special_id + NUM_GLM_TOKENS)
-               if i not in named]
+    fillers = []
     for i in range(len(vocab), first_special_id + NUM_GLM_TOKENS):
-        vocab[named.get(i, f"<|reserved_{i}|>")] = i
+        name = named.get(i)
+        if name is None:
+            name = f"<|reserved_{i}|>"
+            fillers.append(name)
+        vocab[name] = i
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
