@@ -113,7 +113,10 @@ def trace_summary(path: str, start: float, end: float) -> dict:
         encoder_tokens_per_step=statistics.mean(s["encoder_tokens"] for s in steps))
 
 
-def run_point(args, server: ServerProcess, agents: int, mode: str, label: str) -> dict:
+def run_point(args, server: ServerProcess, agents: int, mode: str, label: str,
+              seed: int) -> dict:
+    """One bench run. ``seed`` gives it screenshots and tasks no earlier run sent: a repeated
+    seed would be served from the encoder and prefix caches of the runs before it."""
     before = scrape(server.base_url)
     started = time.time()
     log_start = len(server.log(10 ** 9))
@@ -122,7 +125,7 @@ def run_point(args, server: ServerProcess, agents: int, mode: str, label: str) -
            "--base-url", server.base_url, "--model", args.model, "--no-progress",
            "--dataset", "phone-agent", "--agents", str(agents), "--steps", str(args.steps),
            "--output-len", str(args.output_len), "--ignore-eos", "--extra-body", EXTRA[mode],
-           "--label", label, "--out", out_dir]
+           "--seed", str(seed), "--label", label, "--out", out_dir]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=args.point_timeout_s)
     ended = time.time()
     after = scrape(server.base_url)
@@ -223,11 +226,14 @@ def main(argv=None) -> None:
     server = ServerProcess(serve, port, os.path.join(args.out, "server.log"), env=env,
                            cwd=ROOT).start(timeout_s=600)
     rows = []
+    seed = 0
     try:
         for agents in [int(a) for a in str(args.agents).split(",")]:
             for r in range(args.rounds):
                 for mode in args.modes.split(","):
-                    row = run_point(args, server, agents, mode, f"pa{agents}-{mode}-r{r + 1}")
+                    seed += 1
+                    row = run_point(args, server, agents, mode, f"pa{agents}-{mode}-r{r + 1}",
+                                    seed)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     finally:
