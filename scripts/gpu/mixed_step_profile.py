@@ -1,6 +1,6 @@
 """Where the phone-agent workload's mixed steps wait: host syncs and GPU time (GPU).
 
-    python scripts/gpu/mixed_step_profile.py [--requests 16] [--max-tokens 48]
+    python scripts/gpu/mixed_step_profile.py [--requests 16] [--max-tokens 48] [--sync-debug]
 
 The served step trace (phone_agent_bench.py, `serve --step-trace`) shows 30-40 ms of host time
 in the launch of a prompt chunk and up to ~90 ms in the step that starts a screenshot's vision
@@ -10,6 +10,10 @@ with its own screenshot after ~1,500 tokens of history, Open-AutoGLM's sampling)
 torch.profiler, and prints the host calls that wait for the device (synchronizations, copies
 from pageable memory, scalar reads) with the Python lines they come from, the host time of
 each step part (engine/step_trace.py), and the GPU's busy share of the wall time.
+
+--sync-debug runs the same steps without the profiler (whose per-op cost hides the host's own
+pace) under torch.cuda.set_sync_debug_mode("warn"): every host call that waits for the device,
+counted by the engine's frames that made it, and NVML's busy share of the wall.
 """
 from __future__ import annotations
 
@@ -59,11 +63,60 @@ def conversation(k: int, url: str) -> list[dict]:
                                          {"type": "text", "text": f"** Screen Info ** {k}"}]}]
 
 
+def sync_audit(engine, core) -> None:
+    """Steps to the end with every synchronizing CUDA call reported, grouped by the stack of
+    the engine's own frames that made it."""
+    import traceback
+    import warnings
+    from collections import Counter
+
+    from autoglm_serve.bench.gpu_monitor import GpuMonitor
+    stacks: Counter = Counter()
+    current = {"kind": "?"}
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack()[:-1] if "autoglm_serve" in f.filename]
+        where = tuple(f"{os.path.relpath(f.filename, ROOT)}:{f.lineno} {f.name}"
+                      for f in frames[-4:])
+        stacks[(current["kind"], str(message)[:60], where)] += 1
+
+    warnings.showwarning = record
+    warnings.simplefilter("always")
+    monitor = GpuMonitor(interval_s=0.05)
+    monitor.start()
+    t0 = time.perf_counter()
+    torch.cuda.set_sync_debug_mode("warn")
+    steps = []
+    while engine.has_unfinished():
+        t = time.perf_counter()
+        engine.step()
+        rec = core.last_step
+        tokens = sum(s.num_new_tokens for s in rec.scheduled.scheduled
+                     if s.num_new_tokens > 1) if rec is not None else 0
+        current["kind"] = ("both" if tokens and rec.encoder_tokens else "vision"
+                           if rec is not None and rec.encoder_tokens else
+                           "prompt" if tokens else "decode")
+        steps.append(time.perf_counter() - t)
+    torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    monitor.stop()
+    stats = monitor.stats(t0, t1)
+    print(f"{len(steps)} steps in {t1 - t0:.2f} s; NVML busy {stats.util_mean}% "
+          f"({stats.samples} samples)")
+    print("\n== synchronizing calls (kind of the step before, message, engine frames)")
+    for (kind, message, where), count in stacks.most_common(25):
+        print(f"\n{count} x [{kind}] {message}")
+        for frame in where:
+            print(f"    {frame}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--server-args", default="", help="e.g. decode_step_tokens=1024")
+    ap.add_argument("--sync-debug", action="store_true")
     args = ap.parse_args()
     extra = dict(kv.split("=") for kv in args.server_args.split())
     llm = LLM("autoglm-phone-9b", load_format="dummy", dtype="bfloat16", max_model_len=25480,
@@ -78,6 +131,9 @@ def main() -> None:
         prompt = engine.frontend.prepare_chat(conversation(k, urls[k]))
         engine.add_request(engine.frontend.next_request_id(), prompt, sp, final_only=True)
 
+    if args.sync_debug:
+        sync_audit(engine, core)
+        return
     from torch.profiler import ProfilerActivity, profile
     records = []
     torch.cuda.synchronize()
