@@ -31,11 +31,23 @@ from autoglm_serve.kernels.pdl import wait_for_previous_grid
 
 LOG2E = 1.4426950408889634
 
-# Decode tiles: 64 tokens x head_dim per K/V load; a partition covers at least MIN_CHUNK tokens so
-# that the split-K partial results (fp32, one row per head) stay small next to the KV they replace
-# (small batches, which leave SMs idle, go down to one tile: see decode_split).
-DECODE_TILE_N = 64
+# A decode partition covers at least MIN_CHUNK tokens so that the split-K partial results (fp32,
+# one row per head) stay small next to the KV they replace (small batches, which leave SMs idle,
+# go down to one tile: see decode_split).
 DECODE_MIN_CHUNK = 256
+
+
+class DecodeTiles(NamedTuple):
+    """The decode kernel's shape: tile_n context tokens x head_dim per K/V load, its warps and
+    pipeline depth, and parts_scale times the partition count that balances the KV each
+    partition reads against the partial rows its merge reads (see _partitioning)."""
+    tile_n: int
+    num_warps: int
+    num_stages: int | None = None   # None: as many K/V tiles in flight as shared memory holds
+    parts_scale: float = 1.0
+
+
+DECODE_TILES = DecodeTiles(64, 4)
 
 
 class PrefillTiles(NamedTuple):
@@ -118,7 +130,7 @@ def _attend_range(acc, l_i, m_i, q, k_base, v_base, table_row, q_pos, lo, hi, sc
 
 class DecodeSplit(NamedTuple):
     partitions: int     # split-K grid width: programs per (sequence, KV head), a power of two
-    min_chunk: int      # fewest context tokens per partition, a multiple of DECODE_TILE_N
+    min_chunk: int      # fewest context tokens per partition
 
 
 def decode_split(num_seqs: int, num_kv_heads: int, num_sms: int,
@@ -134,12 +146,12 @@ def decode_split(num_seqs: int, num_kv_heads: int, num_sms: int,
     pairs = max(1, num_seqs * num_kv_heads)
     want = math.ceil(4 * num_sms / pairs)
     partitions = max(1, min(_next_pow2(want), max_partitions))
-    min_chunk = DECODE_TILE_N if pairs < num_sms else DECODE_MIN_CHUNK
+    min_chunk = DECODE_TILES.tile_n if pairs < num_sms else DECODE_MIN_CHUNK
     return DecodeSplit(partitions, min_chunk)
 
 
 @triton.jit
-def _partitioning(seq_len, NUM_PARTS: tl.constexpr, MIN_CHUNK: tl.constexpr,
+def _partitioning(seq_len, parts_scale, NUM_PARTS: tl.constexpr, MIN_CHUNK: tl.constexpr,
                   TILE_N: tl.constexpr, MERGE_RATIO: tl.constexpr):
     """How a context of seq_len tokens splits: (partitions used, tokens per partition).
 
@@ -148,8 +160,9 @@ def _partitioning(seq_len, NUM_PARTS: tl.constexpr, MIN_CHUNK: tl.constexpr,
     multiple of TILE_N so no tile straddles two partitions. With p partitions each program reads
     seq_len / p tokens of KV and then the merging one reads p partial rows: their sum is least
     at p = sqrt(seq_len / MERGE_RATIO), MERGE_RATIO being a partial row's bytes over a token's KV
-    bytes, and more partitions than that make the step slower."""
-    balanced = tl.sqrt(seq_len.to(tl.float32) / MERGE_RATIO).to(tl.int32) + 1
+    bytes, and more partitions than that make the step slower. parts_scale scales that count
+    (DecodeTiles): the merge runs after the last partition, so bytes alone do not price it."""
+    balanced = (parts_scale * tl.sqrt(seq_len.to(tl.float32) / MERGE_RATIO)).to(tl.int32) + 1
     wanted = tl.minimum(tl.minimum(tl.cdiv(seq_len, MIN_CHUNK), NUM_PARTS), balanced)
     chunk = tl.cdiv(tl.cdiv(seq_len, wanted), TILE_N) * TILE_N
     return tl.cdiv(seq_len, chunk), chunk
@@ -192,7 +205,7 @@ def _merge_partitions(part_out_ptr, part_lse_ptr, rows, num_parts, stride_pp, ro
 # kernel again (~1 s, all running requests stalled) the first time a serving step meets a class.
 @triton.jit(do_not_specialize=["stride_bt"])
 def _decode_kernel(out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, q_ptr, cache_ptr,
-                   block_tables_ptr, seq_lens_ptr, scale_log2,
+                   block_tables_ptr, seq_lens_ptr, scale_log2, parts_scale,
                    stride_qt, stride_qh, stride_ot, stride_oh,
                    stride_c_kv, stride_c_block, stride_c_head, stride_c_tok, stride_bt,
                    stride_ps, stride_ph, stride_pp,
@@ -216,7 +229,8 @@ def _decode_kernel(out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, q_ptr, cac
         if part == 0:
             tl.store(out_ptrs, tl.zeros([BLOCK_G, BLOCK_D], out_ptr.dtype.element_ty), mask=io_mask)
         return
-    num_parts, chunk = _partitioning(seq_len, NUM_PARTS, MIN_CHUNK, TILE_N, MERGE_RATIO)
+    num_parts, chunk = _partitioning(seq_len, parts_scale, NUM_PARTS, MIN_CHUNK, TILE_N,
+                                     MERGE_RATIO)
     lo = part * chunk
     if lo >= seq_len:
         return  # this sequence is too short for this many partitions
@@ -260,7 +274,8 @@ def _decode_kernel(out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, q_ptr, cac
 
 def decode_attention(out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor,
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                     split: DecodeSplit, counters: torch.Tensor) -> None:
+                     split: DecodeSplit, counters: torch.Tensor,
+                     tiles: DecodeTiles = DECODE_TILES) -> None:
     """One query token per sequence, one launch. out, q: [N, H, D]; block_tables
     [N, max_blocks] int32; seq_lens [N] int32 (0 = padding row, output zeros). ``split`` fixes
     the grid (see decode_split); each sequence uses as many partitions as its length warrants,
@@ -272,7 +287,6 @@ def decode_attention(out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor,
         return
     num_partitions = split.partitions
     assert num_partitions == _next_pow2(num_partitions)
-    assert split.min_chunk % DECODE_TILE_N == 0
     assert counters.dtype == torch.int32 and counters.numel() >= num_seqs * num_kv_heads
     group = num_heads // num_kv_heads
     block_d = _next_pow2(head_dim)
@@ -285,19 +299,20 @@ def decode_attention(out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor,
         part_out = part_lse = torch.empty(0, dtype=torch.float32, device=q.device)
     # Partial-result strides ([N, H, P] rows of HEAD_DIM values).
     stride_ps, stride_ph, stride_pp = num_heads * num_partitions, num_partitions, 1
-    stages = _num_stages(DECODE_TILE_N * block_d * kv_cache.element_size())
+    stages = tiles.num_stages or _num_stages(tiles.tile_n * block_d * kv_cache.element_size())
     _decode_kernel[(num_seqs, num_kv_heads, num_partitions)](
         out, part_out, part_lse, counters, q, kv_cache, block_tables, seq_lens, scale * LOG2E,
+        tiles.parts_scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         block_tables.stride(0), stride_ps, stride_ph, stride_pp,
         GROUP=group, BLOCK_G=max(16, _next_pow2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_SIZE=block_size, TILE_N=DECODE_TILE_N, NUM_PARTS=num_partitions,
+        BLOCK_SIZE=block_size, TILE_N=tiles.tile_n, NUM_PARTS=num_partitions,
         MIN_CHUNK=split.min_chunk,
         # a partial row (fp32, per query head) against a token's K and V (per KV head)
         MERGE_RATIO=(4 * group) / (2 * kv_cache.element_size()),
         MERGE_TILE=min(4, num_partitions), PRECISION=_dot_precision(q.dtype),
-        num_warps=4, num_stages=stages, **pdl.launch_options(q.device))
+        num_warps=tiles.num_warps, num_stages=stages, **pdl.launch_options(q.device))
 
 
 # ----------------------------------------------------------------------------------------------

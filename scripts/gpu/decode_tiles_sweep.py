@@ -1,0 +1,100 @@
+"""The paged decode kernel's shape at the phone agents' and the offline batches (GPU).
+
+    python scripts/gpu/decode_tiles_sweep.py [--budget-s 150]
+
+AutoGLM-Phone-9B's attention (32 query heads, 2 KV heads, head_dim 128, bf16, block 16), one
+layer, decode batches of rows x context tokens: one agent at 10k, the phone-agent issue's 16
+rows at 4k and 10k, and larger batches at shorter contexts. Every DecodeTiles of the grid below
+runs each case, checked against the current DECODE_TILES' output, then is timed as a CUDA-graph
+replay (the engine replays decode steps; do_bench_cudagraph median). Each case's floor is its KV
+bytes over --bandwidth-tbs. Prints a markdown table, best total first; DECODE_TILES is the row
+to copy if it wins without losing a case.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+import time
+
+import torch
+from triton.testing import do_bench_cudagraph
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+
+from autoglm_serve.kernels.paged_attention import (  # noqa: E402
+    DECODE_TILES, DecodeTiles, decode_attention, decode_split)
+from paged_attention_cases import make_batch, rel_err  # noqa: E402
+
+H, HKV, D = 32, 2, 128
+CASES = {"1x10k": (1, 10_000), "16x4k": (16, 4_000), "16x10k": (16, 10_000),
+         "64x4k": (64, 4_000), "256x1k": (256, 1_000)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--budget-s", type=float, default=150)
+    ap.add_argument("--bandwidth-tbs", type=float, default=4.3,
+                    help="the copy bandwidth measured on the card (H200: ~4.3 TB/s)")
+    args = ap.parse_args()
+    start = time.monotonic()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    batches = {}
+    for name, (rows, context) in CASES.items():
+        b = make_batch([context] * rows, [], num_heads=H, num_kv_heads=HKV, head_dim=D,
+                       block_size=16, dtype=torch.bfloat16, device="cuda")
+        b.kv_cache.normal_()
+        m = b.meta
+        split = decode_split(rows, HKV, sms)
+        counters = torch.zeros(4096, dtype=torch.int32, device="cuda")
+        args_ = (b.q, b.kv_cache, m.block_tables, m.seq_lens, b.scale, split, counters)
+        ref = torch.empty_like(b.q)
+        decode_attention(ref, *args_)
+        floor_us = rows * context * HKV * 2 * D * 2 / (args.bandwidth_tbs * 1e12) * 1e6
+        batches[name] = (args_, ref, floor_us)
+    print("floors (us): " + " ".join(f"{k} {v[2]:.1f}" for k, v in batches.items()), flush=True)
+
+    grid = [DECODE_TILES] + [DecodeTiles(n, w, s, p) for n, w, s, p in itertools.product(
+        (64, 128, 32), (4, 8, 2), (None, 2, 4), (1.0, 0.5, 0.25, 2.0))]
+    rows = []
+    for tiles in grid:
+        if time.monotonic() - start > args.budget_s:
+            print(f"budget spent: {len(rows)} of {len(grid)} configs", flush=True)
+            break
+        try:
+            times = {}
+            for name, (args_, ref, _) in batches.items():
+                out = torch.empty_like(ref)
+                decode_attention(out, *args_, tiles=tiles)
+                err = rel_err(out, ref)
+                if not err < 1e-2:
+                    raise RuntimeError(f"{name}: relative error {err:.1e}")
+                times[name] = 1e3 * do_bench_cudagraph(
+                    lambda: decode_attention(out, *args_, tiles=tiles), rep=12)
+        except Exception as exc:  # out of shared memory or registers, or wrong
+            print(f"{tiles}: {str(exc).splitlines()[0][:100]}", flush=True)
+            continue
+        rows.append((sum(times.values()), tiles, times))
+        print(f"{tuple(tiles)}: " + " ".join(f"{k} {v:.1f}" for k, v in times.items()),
+              flush=True)
+    rows.sort(key=lambda r: r[0])
+    print("\n| tiles (tile_n, warps, stages, parts_scale) | "
+          + " | ".join(f"{k} us (floor {v[2]:.0f})" for k, v in batches.items())
+          + " | total us |")
+    print("| --- |" + " --- |" * (len(CASES) + 1))
+    current = next((r for r in rows if r[1] == DECODE_TILES), None)
+    shown = rows[:12] + ([current] if current is not None and current not in rows[:12] else [])
+    for total, tiles, times in shown:
+        mark = " (current)" if tiles == DECODE_TILES else ""
+        print(f"| {tuple(tiles)}{mark} | " + " | ".join(f"{times[k]:.1f}" for k in CASES)
+              + f" | {total:.1f} |")
+    best16 = min(rows, key=lambda r: r[2]["16x10k"]) if rows else None
+    if best16:
+        print(f"\nbest at 16x10k: {tuple(best16[1])}: "
+              + " ".join(f"{k} {v:.1f}" for k, v in best16[2].items()))
+
+
+if __name__ == "__main__":
+    main()
