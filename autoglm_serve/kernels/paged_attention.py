@@ -47,7 +47,11 @@ class DecodeTiles(NamedTuple):
     parts_scale: float = 1.0
 
 
-DECODE_TILES = DecodeTiles(64, 4)
+# 64 tokens a tile in 2 warps (scripts/gpu/decode_tiles_sweep.py on an H200, 98 shapes, one
+# layer as a graph replay): 16 rows at 10k tokens 59.5 us against 69.7 in 4 warps, at 4k 26.8
+# against 30.7, 64 x 4k and 256 x 1k 2% faster, one row at 10k the same. Fewer partitions
+# (parts_scale 0.5) took 16 x 10k to 50.8 us but one row at 10k from 18 to 25 us.
+DECODE_TILES = DecodeTiles(64, 2)
 
 
 class PrefillTiles(NamedTuple):
