@@ -16,6 +16,7 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 class EngineConfig:
     model: str | None = None                  # None: the embedded default (SmolLM2-135M-Instruct)
     tokenizer: str | None = None
+    mmproj: str | None = None                 # a GGUF vision model's vision-tower file (llama.cpp's)
     skip_tokenizer_init: bool = False         # token-id prompts only; no text in outputs
     load_format: str = "auto"                 # auto | safetensors | gguf | dummy
     dtype: str = "auto"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from tokenizers import Regex, pre_tokenizers
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers.integrations.gguf.reader import read_gguf_metadata
 
 # Any of these in a directory means AutoTokenizer can build a tokenizer from it.
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -24,11 +26,28 @@ def load_tokenizer(model_path: str | Path, tokenizer_path: str | Path | None = N
     raise FileNotFoundError(f"tokenizer path {str(path)!r} does not exist")
 
 
+# llama.cpp's GLM-4 pre-tokenizer ("glm4", older files "chatglm-bpe"): GLM-4's tokenizer.json split,
+# which transformers' GGUF tokenizer does not know (it would split like GPT-2).
+_GLM4_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GLM4_PRE_TOKENIZERS = ("glm4", "chatglm-bpe")
+
+
 def _load_gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    # the scalar keys only: parsing the vocabulary arrays too takes seconds
+    metadata, _ = read_gguf_metadata(path)
+    if metadata.get("general.architecture") == "glm4":
+        # AutoTokenizer refuses an architecture transformers cannot load as a model; the
+        # tokenizer itself is plain byte-level BPE, which the fast tokenizer builds from the file.
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    if metadata.get("tokenizer.ggml.pre") in _GLM4_PRE_TOKENIZERS:
+        tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_GLM4_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
     if tokenizer.chat_template is None:
         # transformers copies tokenizer.chat_template today; keep serving chat if a version stops doing so.
-        from autoglm_serve.loader.gguf_loader import gguf_metadata, open_gguf
-
-        tokenizer.chat_template = gguf_metadata(open_gguf(path), "tokenizer.chat_template")
+        tokenizer.chat_template = metadata.get("tokenizer.chat_template")
     return tokenizer

@@ -1,4 +1,8 @@
-"""Read llama-architecture GGUF files: config from the metadata, weights dequantized under HF names."""
+"""Read GGUF files: config from the metadata, weights dequantized under HF names.
+
+The llama architecture is mapped here; GLM-4 / GLM-4.1V (with its separate mmproj file for the
+vision tower) in gguf_glm4v.py and gguf_mmproj.py.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +14,9 @@ import numpy as np
 import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
-from transformers import LlamaConfig
+from transformers import LlamaConfig, PretrainedConfig
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = ("llama", "glm4")
 
 # GGUF's per-block tensor names -> the HF LlamaForCausalLM module they belong to.
 _BLOCK_NAMES = {
@@ -56,15 +60,36 @@ def gguf_metadata(reader: GGUFReader, key: str, default=None):
     return default if field is None else field.contents()
 
 
-def read_gguf_config(path: GGUFSource) -> LlamaConfig:
-    """LlamaConfig equivalent to what transformers builds from the same GGUF's metadata."""
+def read_gguf_config(path: GGUFSource, mmproj: GGUFSource | None = None) -> PretrainedConfig:
+    """The HF config of a GGUF model; `mmproj`: the separate vision-tower file of a multimodal one."""
     reader = open_gguf(path)
     arch = _architecture(reader)
+    if arch == "glm4":
+        # imported here: gguf_glm4v is built on this module's reading and dequantizing
+        from autoglm_serve.loader.gguf_glm4v import read_glm4_config
+
+        return read_glm4_config(reader, mmproj)
+    _reject_mmproj(arch, mmproj)
+    return _read_llama_config(reader, arch)
+
+
+def wants_mmproj(path: GGUFSource) -> bool:
+    """Whether this text GGUF is the language half of a vision model (its tower is an mmproj file)."""
+    reader = open_gguf(path)
+    if _architecture(reader) != "glm4":
+        return False
+    from autoglm_serve.loader.gguf_glm4v import is_glm4v_text
+
+    return is_glm4v_text(reader)
+
+
+def _read_llama_config(reader: GGUFReader, arch: str) -> LlamaConfig:
+    """LlamaConfig equivalent to what transformers builds from the same GGUF's metadata."""
 
     def meta(key: str, default=None):
         return gguf_metadata(reader, f"{arch}.{key}", default)
 
-    _reject_rope_scaling(reader, arch)
+    reject_rope_scaling(reader, arch)
     hidden_size = meta("embedding_length")
     num_heads = meta("attention.head_count")
     # transformers takes head_dim from rope.dimension_count for llama; key_length is the explicit form.
@@ -95,28 +120,39 @@ def _special_token_ids(reader: GGUFReader) -> dict[str, int]:
     return {name: value for name, value in ids.items() if value is not None}
 
 
-def iter_gguf_weights(path: GGUFSource) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_gguf_weights(path: GGUFSource, mmproj: GGUFSource | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (hf_name, float32 tensor) for every GGUF tensor, dequantized, in HF layout.
 
     A tied checkpoint has no `output.weight`, so no `lm_head.weight` is yielded; the model ties it.
     """
     reader = open_gguf(path)
     arch = _architecture(reader)
+    if arch == "glm4":
+        from autoglm_serve.loader.gguf_glm4v import iter_glm4_weights
+
+        yield from iter_glm4_weights(reader, mmproj)
+        return
+    _reject_mmproj(arch, mmproj)
     num_heads = gguf_metadata(reader, f"{arch}.attention.head_count")
     num_kv_heads = gguf_metadata(reader, f"{arch}.attention.head_count_kv", num_heads)
+    for gguf_name, weight in iter_dequantized(reader):
+        hf_name = gguf_to_hf_name(gguf_name)
+        if gguf_name.endswith(("attn_q.weight", "attn_q.bias")):
+            weight = unpermute_rotary(weight, num_heads)
+        elif gguf_name.endswith(("attn_k.weight", "attn_k.bias")):
+            weight = unpermute_rotary(weight, num_kv_heads)
+        yield hf_name, weight
+
+
+def iter_dequantized(reader: GGUFReader) -> Iterator[tuple[str, torch.Tensor]]:
+    """(GGUF name, float32 tensor in torch's dim order) for every tensor of the file, one at a time."""
     for tensor in reader.tensors:
-        hf_name = gguf_to_hf_name(tensor.name)
         # GGUF lists dims fastest-first (ggml ne[]); numpy/torch want them slowest-first.
         shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
         array = dequantize(tensor.data, tensor.tensor_type).reshape(shape).astype(np.float32, copy=False)
         if not array.flags.writeable:  # F32 tensors come back as views of the read-only memory map
             array = array.copy()
-        weight = torch.from_numpy(array)
-        if tensor.name.endswith(("attn_q.weight", "attn_q.bias")):
-            weight = unpermute_rotary(weight, num_heads)
-        elif tensor.name.endswith(("attn_k.weight", "attn_k.bias")):
-            weight = unpermute_rotary(weight, num_kv_heads)
-        yield hf_name, weight
+        yield tensor.name, torch.from_numpy(array)
 
 
 def gguf_to_hf_name(gguf_name: str) -> str:
@@ -156,7 +192,12 @@ def _architecture(reader: GGUFReader) -> str:
     return arch
 
 
-def _reject_rope_scaling(reader: GGUFReader, arch: str) -> None:
+def _reject_mmproj(arch: str, mmproj: GGUFSource | None) -> None:
+    if mmproj is not None:
+        raise ValueError(f"an mmproj file was given, but the {arch!r} GGUF has no vision tower to load it into")
+
+
+def reject_rope_scaling(reader: GGUFReader, arch: str) -> None:
     scaling = gguf_metadata(reader, f"{arch}.rope.scaling.type")
     if scaling not in (None, "none"):
         raise NotImplementedError(f"GGUF rope scaling {scaling!r} is not supported yet")

@@ -1,4 +1,5 @@
-"""Turn the user's `--model` into a local checkpoint: embedded default, a .gguf file, or an HF directory."""
+"""Turn the user's `--model` into a local checkpoint: embedded default, a .gguf file (with its mmproj
+file for a vision model), or an HF directory."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import torch
 from transformers import AutoConfig, PretrainedConfig
 
 from autoglm_serve.loader.default_model import default_model_path
-from autoglm_serve.loader.gguf_loader import iter_gguf_weights, read_gguf_config
+from autoglm_serve.loader.gguf_loader import iter_gguf_weights, open_gguf, read_gguf_config, wants_mmproj
+from autoglm_serve.loader.gguf_mmproj import find_mmproj_beside, image_processor_defaults, is_mmproj_name
 from autoglm_serve.loader.safetensors_loader import INDEX_FILE, SINGLE_FILE, iter_safetensors_weights
 
 ModelFormat = Literal["safetensors", "gguf", "dir-config-only"]
@@ -22,22 +24,29 @@ class ResolvedModel:
     path: Path  # the .gguf file, or the checkpoint directory
     format: ModelFormat  # "dir-config-only": config.json without weights, servable only with dummy weights
     config: PretrainedConfig
+    mmproj: Path | None = None  # a GGUF vision model's separate vision-tower file
 
 
-def resolve_model_path(model: str | Path | None) -> ResolvedModel:
-    """Resolve locally only: autoglm-serve never looks a name up on a model hub."""
+def resolve_model_path(model: str | Path | None, mmproj: str | Path | None = None) -> ResolvedModel:
+    """Resolve locally only: autoglm-serve never looks a name up on a model hub.
+
+    `mmproj`: the vision-tower GGUF of a GGUF vision model (llama.cpp's `--mmproj`); without it,
+    the one `mmproj*.gguf` next to a model file that needs one is taken.
+    """
+    mmproj_path = Path(mmproj).expanduser() if mmproj is not None else None
     if model is None:
         path = default_model_path()
-        return ResolvedModel(path, "gguf", read_gguf_config(path))
+        return _resolve_gguf(path, mmproj_path)
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return ResolvedModel(path, "gguf", read_gguf_config(path))
+        return _resolve_gguf(path, mmproj_path)
     if path.is_dir():
         if (path / "config.json").is_file():
+            _reject_mmproj_for(path, mmproj_path)
             return ResolvedModel(path, _dir_format(path), _load_dir_config(path))
-        ggufs = sorted(path.glob("*.gguf"))
-        if len(ggufs) == 1:  # a directory holding one GGUF (e.g. a llama.cpp download) means that file
-            return ResolvedModel(ggufs[0], "gguf", read_gguf_config(ggufs[0]))
+        ggufs = sorted(p for p in path.glob("*.gguf") if not is_mmproj_name(p))
+        if len(ggufs) == 1:  # a directory holding one model GGUF (e.g. a llama.cpp download) means that file
+            return _resolve_gguf(ggufs[0], mmproj_path)
         found = sorted(p.name for p in path.iterdir())
         raise ValueError(
             f"model directory {str(path)!r} has no config.json"
@@ -49,6 +58,21 @@ def resolve_model_path(model: str | Path | None) -> ResolvedModel:
         f"unknown model path {str(path)!r}: no such file or directory "
         "(give a local .gguf file or a directory with config.json; models are never downloaded)"
     )
+
+
+def _resolve_gguf(path: Path, mmproj: Path | None) -> ResolvedModel:
+    if mmproj is not None and not mmproj.is_file():
+        raise FileNotFoundError(f"mmproj file {str(mmproj)!r} does not exist")
+    reader = open_gguf(path)  # parsed once: seconds for a large vocabulary
+    if mmproj is None and wants_mmproj(reader):
+        mmproj = find_mmproj_beside(path)
+    return ResolvedModel(path, "gguf", read_gguf_config(reader, mmproj), mmproj)
+
+
+def _reject_mmproj_for(path: Path, mmproj: Path | None) -> None:
+    if mmproj is not None:
+        raise ValueError(f"--mmproj is for GGUF models; {str(path)!r} is a checkpoint directory "
+                         "with its own vision tower")
 
 
 def _dir_format(path: Path) -> ModelFormat:
@@ -67,7 +91,13 @@ def _load_dir_config(path: Path) -> PretrainedConfig:
 def iter_model_weights(resolved: ResolvedModel) -> Iterator[tuple[str, torch.Tensor]]:
     """(hf_name, tensor) pairs from whichever format `resolved` is in."""
     if resolved.format == "gguf":
-        return iter_gguf_weights(resolved.path)
+        return iter_gguf_weights(resolved.path, resolved.mmproj)
     if resolved.format == "safetensors":
         return iter_safetensors_weights(resolved.path)
     raise ValueError(f"{resolved.path} has a config but no weights: load it with dummy weights")
+
+
+def processor_defaults(resolved: ResolvedModel) -> dict:
+    """Image settings a GGUF vision model's mmproj states (a checkpoint directory's are read from
+    its preprocessor_config.json by the image processor itself)."""
+    return image_processor_defaults(resolved.mmproj) if resolved.mmproj is not None else {}

@@ -119,6 +119,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     m = p.add_argument_group("model")
     m.add_argument("--model", default=None, help="same as MODEL")
     m.add_argument("--tokenizer", default=None)
+    m.add_argument("--mmproj", default=None, metavar="FILE",
+                   help="a GGUF vision model's vision-tower file (llama.cpp's mmproj-*.gguf); "
+                        "default: the one mmproj*.gguf next to the model file")
     m.add_argument("--served-model-name", nargs="+", default=None,
                    help="names clients use in the `model` field (the first one is reported)")
     m.add_argument("--load-format", default="auto",
@@ -293,7 +296,8 @@ def model_from_args(args: argparse.Namespace) -> str | None:
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     _check_supported(args)
     return EngineConfig(
-        model=model_from_args(args), tokenizer=args.tokenizer, load_format=args.load_format,
+        model=model_from_args(args), tokenizer=args.tokenizer, mmproj=args.mmproj,
+        load_format=args.load_format,
         dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         decode_step_tokens=args.decode_step_tokens,

@@ -20,6 +20,7 @@ from autoglm_serve.engine.core.image_embedding import encoder_cache_bytes
 from autoglm_serve.engine.core.model_setup import LoadedModel
 from autoglm_serve.engine.core.runner import ModelRunner
 from autoglm_serve.engine.core.worst_step import profile_worst_step
+from autoglm_serve.loader.model_path import processor_defaults
 from autoglm_serve.multimodal.inputs import MultiModalItem
 
 logger = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ def image_processor(config: EngineConfig, loaded: LoadedModel):
     from autoglm_serve.multimodal.processor import MultiModalProcessor
     path = loaded.resolved.path
     return MultiModalProcessor(loaded.hf_config, path if path.is_dir() else None,
-                               config.mm_processor_kwargs)
+                               {**processor_defaults(loaded.resolved), **config.mm_processor_kwargs})
 
 
 def largest_image(config: EngineConfig, loaded: LoadedModel) -> MultiModalItem:

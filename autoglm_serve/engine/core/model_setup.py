@@ -51,7 +51,7 @@ def resolve(config: EngineConfig) -> ResolvedModel:
     if name is not None and name.lower() in BUILTIN_CONFIGS and not Path(name).exists():
         resolved = resolve_model_path(BUILTIN_CONFIGS[name.lower()])
     else:
-        resolved = resolve_model_path(name)
+        resolved = resolve_model_path(name, config.mmproj)
     if resolved.format == "dir-config-only" and config.load_format != "dummy":
         raise ValueError(f"{resolved.path} has a config but no weights: give a checkpoint "
                          "directory, or load_format='dummy' for random weights")
@@ -100,7 +100,7 @@ def load_model(settings, device: torch.device) -> LoadedModel:
     if config.load_format == "dummy":
         initialize_dummy_weights(model, seed=config.seed)
     elif resolved.format == "gguf":
-        model.load_weights(iter_gguf_weights(resolved.path))
+        model.load_weights(iter_gguf_weights(resolved.path, resolved.mmproj))
     else:
         weights = iter_safetensors_weights(resolved.path)
         model.load_weights(weights if qconfig is None

@@ -17,6 +17,7 @@ from autoglm_serve.engine.core.model_setup import (generation_config, generation
 from autoglm_serve.engine.frontend.output_processor import OutputProcessor
 from autoglm_serve.engine.settings import EngineSettings
 from autoglm_serve.models.configs.glm_tokenizer import TAG_OFFSETS
+from autoglm_serve.loader.model_path import processor_defaults
 from autoglm_serve.models.registry import resolve_model_class
 from autoglm_serve.tokenizer import load_tokenizer
 
@@ -67,7 +68,8 @@ class Frontend:
             from autoglm_serve.multimodal.processor import MultiModalProcessor
             path = self.resolved.path
             self.mm_processor = MultiModalProcessor(
-                self.hf_config, path if path.is_dir() else None, config.mm_processor_kwargs,
+                self.hf_config, path if path.is_dir() else None,
+                {**processor_defaults(self.resolved), **config.mm_processor_kwargs},
                 config.limit_mm_per_prompt,
                 MediaPolicy(local_media_dir=config.allowed_local_media_path,
                             allowed_domains=tuple(config.allowed_media_domains)))
