@@ -1,0 +1,86 @@
+"""Shared memory of the paged attention kernels, compiled for a GPU without one (CPU).
+
+    python3 scripts/attention_shared_memory.py [--arch 86,89,90]
+
+AutoGLM-Phone-9B's attention (32 query heads, 2 KV heads, head_dim 128, bf16 cache, block 16):
+the decode and prefill kernels compiled by triton.compile for each sm_ARCH, with the tiles and
+pipeline depth the launchers pick and the launch's own specialization (16-byte aligned pointers,
+strides that are multiples of 16, the block table's row stride left unspecialized). Prints one
+line per kernel and arch: `sm_89 decode 39116 bytes`. A program that needs more shared memory
+than the card allows fails at its first launch, so this is the check that the tiles tuned on an
+H200 (227 KB a program) still run on the 24 GB cards our users have (sm_86 RTX 3090 / A10,
+sm_89 RTX 4090 / L4: 99 KB).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from autoglm_serve.kernels import paged_attention as pa  # noqa: E402
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 2, 128, 16
+INT_POINTERS = ("counters_ptr", "block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr")
+
+
+def compile_for(kernel, constexprs: dict, arch: int, num_warps: int, num_stages: int):
+    sig = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            sig[name] = ("*fp32" if name.startswith("part_") else
+                         "*i32" if name in INT_POINTERS else "*bf16")
+        elif name in ("scale_log2", "parts_scale"):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    unspecialized = set(kernel.do_not_specialize)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+             if sig[name].startswith("*")
+             or (name.startswith("stride_") and name not in unspecialized)}
+    src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def shared_memory(arch: int) -> dict[str, int]:
+    """Bytes of shared memory each kernel needs on sm_<arch>, as the launchers configure it."""
+    group, block_d, elt = HEADS // KV_HEADS, pa._next_pow2(HEAD_DIM), 2
+    tiles = pa.DECODE_TILES
+    split = pa.decode_split(16, KV_HEADS, 132)
+    decode = compile_for(pa._decode_kernel, dict(
+        GROUP=group, BLOCK_G=max(16, pa._next_pow2(group)), HEAD_DIM=HEAD_DIM, BLOCK_D=block_d,
+        BLOCK_SIZE=BLOCK_SIZE, TILE_N=tiles.tile_n, NUM_PARTS=split.partitions,
+        MIN_CHUNK=split.min_chunk, MERGE_RATIO=(4 * group) / (2 * elt),
+        MERGE_TILE=min(4, split.partitions), PRECISION="tf32", PDL=arch >= 90),
+        arch, tiles.num_warps,
+        tiles.num_stages or pa._num_stages(tiles.tile_n * block_d * elt))
+    prefill_tiles = pa.PREFILL_TILES
+    block_g = pa._next_pow2(group)
+    block_q = max(1, prefill_tiles.block_m // block_g)
+    prefill = compile_for(pa._prefill_kernel, dict(
+        GROUP=group, BLOCK_G=block_g, BLOCK_Q=block_q, HEAD_DIM=HEAD_DIM, BLOCK_D=block_d,
+        BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=prefill_tiles.block_n, PRECISION="tf32"),
+        arch, prefill_tiles.num_warps,
+        prefill_tiles.num_stages or pa._num_stages(
+            prefill_tiles.block_n * block_d * elt, resident_bytes=block_q * block_g * block_d * elt))
+    return {"decode": decode.metadata.shared, "prefill": prefill.metadata.shared}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--arch", default="86,89,90")
+    args = ap.parse_args()
+    for arch in (int(a) for a in args.arch.split(",")):
+        for kernel, nbytes in shared_memory(arch).items():
+            print(f"sm_{arch} {kernel} {nbytes} bytes", flush=True)
+
+
+if __name__ == "__main__":
+    main()
