@@ -18,7 +18,7 @@ from autoglm_serve.tokenizer import load_tokenizer
 from tests.glm4v_fixtures import PREPROCESSOR_CONFIG, make_tiny_glm4v, tiny_glm4v_config, tiny_tokenizer
 from tests.glm4v_gguf_fixtures import (MMPROJ_FILE, TEXT_FILE, interleaved_to_neox, write_glm4_gguf,
                                        write_glm4v_gguf, write_mmproj)
-from tests.test_glm4v_oracle import build_prompt, hf_reference, random_image
+from tests.test_glm4v_oracle import assert_matches_transformers, random_image
 
 STEPS = 16
 MEAN, STD = PREPROCESSOR_CONFIG["image_mean"], PREPROCESSOR_CONFIG["image_std"]
@@ -98,23 +98,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_logits_and_greedy_tokens_match_transformers(llm, hf, case):
-    model, tokenizer, processor = hf
-    parts = CASES[case]
-    images = [p for p in parts if not isinstance(p, str)]
-    ids = build_prompt(tokenizer, parts)
-    ref_tokens, ref_logits = hf_reference(model, processor, ids, images, STEPS)
-
-    seen = []
-    llm.engine.core.runner.logits_hook = lambda reqs, logits: seen.append(logits[0].clone())
-    try:
-        out = llm.generate({"prompt_token_ids": ids, "multi_modal_data": {"image": images}},
-                           SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True))[0]
-    finally:
-        llm.engine.core.runner.logits_hook = None
-    assert out.outputs[0].token_ids == ref_tokens
-    for step, (a, b) in enumerate(zip(seen, ref_logits, strict=True)):
-        rel = ((a - b).norm() / b.norm()).item()
-        assert rel < 1e-4, f"{case} step {step}: relative error {rel:.2e}"
+    assert_matches_transformers(llm, hf, CASES[case], STEPS, case)
 
 
 def test_image_settings_come_from_the_mmproj(llm, files, tmp_path):

@@ -86,26 +86,30 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_logits_match_every_step(llm, hf, case):
+def assert_matches_transformers(llm, hf, parts: list, steps: int, label: str) -> None:
+    """Greedy tokens equal to transformers' and every step's logits within 1e-4 (relative) for
+    a prompt of text parts and images."""
     model, tokenizer, processor = hf
-    parts = CASES[case]
     images = [p for p in parts if not isinstance(p, str)]
     ids = build_prompt(tokenizer, parts)
-    ref_tokens, ref_logits = hf_reference(model, processor, ids, images, STEPS)
+    ref_tokens, ref_logits = hf_reference(model, processor, ids, images, steps)
 
     seen = []
     llm.engine.core.runner.logits_hook = lambda reqs, logits: seen.append(logits[0].clone())
     try:
         out = llm.generate({"prompt_token_ids": ids, "multi_modal_data": {"image": images}},
-                           SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True))[0]
+                           SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))[0]
     finally:
         llm.engine.core.runner.logits_hook = None
     assert out.outputs[0].token_ids == ref_tokens
-    assert len(seen) == STEPS
-    for step, (a, b) in enumerate(zip(seen, ref_logits)):
+    for step, (a, b) in enumerate(zip(seen, ref_logits, strict=True)):
         rel = ((a - b).norm() / b.norm()).item()
-        assert rel < 1e-4, f"{case} step {step}: relative error {rel:.2e}"
+        assert rel < 1e-4, f"{label} step {step}: relative error {rel:.2e}"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_logits_match_every_step(llm, hf, case):
+    assert_matches_transformers(llm, hf, CASES[case], STEPS, case)
 
 
 def test_greedy_same_alone_and_batched(llm, hf):
