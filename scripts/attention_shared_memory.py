@@ -17,6 +17,7 @@ import argparse
 import os
 import sys
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -50,27 +51,15 @@ def compile_for(kernel, constexprs: dict, arch: int, num_warps: int, num_stages:
 
 
 def shared_memory(arch: int) -> dict[str, int]:
-    """Bytes of shared memory each kernel needs on sm_<arch>, as the launchers configure it."""
-    group, block_d, elt = HEADS // KV_HEADS, pa._next_pow2(HEAD_DIM), 2
-    tiles = pa.DECODE_TILES
-    split = pa.decode_split(16, KV_HEADS, 132)
-    decode = compile_for(pa._decode_kernel, dict(
-        GROUP=group, BLOCK_G=max(16, pa._next_pow2(group)), HEAD_DIM=HEAD_DIM, BLOCK_D=block_d,
-        BLOCK_SIZE=BLOCK_SIZE, TILE_N=tiles.tile_n, NUM_PARTS=split.partitions,
-        MIN_CHUNK=split.min_chunk, MERGE_RATIO=(4 * group) / (2 * elt),
-        MERGE_TILE=min(4, split.partitions), PRECISION="tf32", PDL=arch >= 90),
-        arch, tiles.num_warps,
-        tiles.num_stages or pa._num_stages(tiles.tile_n * block_d * elt))
-    prefill_tiles = pa.PREFILL_TILES
-    block_g = pa._next_pow2(group)
-    block_q = max(1, prefill_tiles.block_m // block_g)
-    prefill = compile_for(pa._prefill_kernel, dict(
-        GROUP=group, BLOCK_G=block_g, BLOCK_Q=block_q, HEAD_DIM=HEAD_DIM, BLOCK_D=block_d,
-        BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=prefill_tiles.block_n, PRECISION="tf32"),
-        arch, prefill_tiles.num_warps,
-        prefill_tiles.num_stages or pa._num_stages(
-            prefill_tiles.block_n * block_d * elt, resident_bytes=block_q * block_g * block_d * elt))
-    return {"decode": decode.metadata.shared, "prefill": prefill.metadata.shared}
+    """Bytes of shared memory each kernel needs on sm_<arch>, as the launchers configure it
+    (decode at 16 rows: the phone agents' batch)."""
+    heads = (HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, torch.bfloat16, torch.bfloat16)
+    decode = pa.decode_shape(*heads, pa.decode_split(16, KV_HEADS, 132))
+    prefill = pa.prefill_shape(*heads)
+    return {"decode": compile_for(pa._decode_kernel, dict(decode.constexprs, PDL=arch >= 90),
+                                  arch, decode.num_warps, decode.num_stages).metadata.shared,
+            "prefill": compile_for(pa._prefill_kernel, prefill.constexprs, arch,
+                                   prefill.num_warps, prefill.num_stages).metadata.shared}
 
 
 def main() -> None:

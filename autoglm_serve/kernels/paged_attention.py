@@ -19,6 +19,7 @@ native instruction. Accumulation is fp32 whatever the input dtype.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -81,6 +82,14 @@ def _num_stages(kv_tile_bytes: int, resident_bytes: int = 0) -> int:
 def _dot_precision(dtype: torch.dtype) -> str:
     # fp32 callers want fp32 accuracy (tests compare at 1e-4): no tf32 truncation in the dots.
     return "ieee" if dtype == torch.float32 else "tf32"
+
+
+class KernelShape(NamedTuple):
+    """A launch's compile-time shape: the kernel's constexprs, warps and pipeline depth (the
+    launchers use it, and so does scripts/attention_shared_memory.py, which compiles it)."""
+    constexprs: dict
+    num_warps: int
+    num_stages: int
 
 
 # ----------------------------------------------------------------------------------------------
@@ -292,8 +301,8 @@ def decode_attention(out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor,
     num_partitions = split.partitions
     assert num_partitions == _next_pow2(num_partitions)
     assert counters.dtype == torch.int32 and counters.numel() >= num_seqs * num_kv_heads
-    group = num_heads // num_kv_heads
-    block_d = _next_pow2(head_dim)
+    shape = decode_shape(num_heads, num_kv_heads, head_dim, block_size, q.dtype, kv_cache.dtype,
+                         split, tiles)
     if num_partitions > 1:
         part_out = torch.empty((num_seqs, num_heads, num_partitions, head_dim),
                                dtype=torch.float32, device=q.device)
@@ -303,20 +312,32 @@ def decode_attention(out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor,
         part_out = part_lse = torch.empty(0, dtype=torch.float32, device=q.device)
     # Partial-result strides ([N, H, P] rows of HEAD_DIM values).
     stride_ps, stride_ph, stride_pp = num_heads * num_partitions, num_partitions, 1
-    stages = tiles.num_stages or _num_stages(tiles.tile_n * block_d * kv_cache.element_size())
     _decode_kernel[(num_seqs, num_kv_heads, num_partitions)](
         out, part_out, part_lse, counters, q, kv_cache, block_tables, seq_lens, scale * LOG2E,
         tiles.parts_scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
-        block_tables.stride(0), stride_ps, stride_ph, stride_pp,
+        block_tables.stride(0), stride_ps, stride_ph, stride_pp, **shape.constexprs,
+        num_warps=shape.num_warps, num_stages=shape.num_stages, **pdl.launch_options(q.device))
+
+
+@functools.cache
+def decode_shape(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
+                 q_dtype: torch.dtype, kv_dtype: torch.dtype, split: DecodeSplit,
+                 tiles: DecodeTiles = DECODE_TILES) -> KernelShape:
+    """The decode kernel's constexprs (all but PDL, which the device decides), warps and
+    stages for these heads, cache and split."""
+    group = num_heads // num_kv_heads
+    block_d = _next_pow2(head_dim)
+    constexprs = dict(
         GROUP=group, BLOCK_G=max(16, _next_pow2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_SIZE=block_size, TILE_N=tiles.tile_n, NUM_PARTS=num_partitions,
+        BLOCK_SIZE=block_size, TILE_N=tiles.tile_n, NUM_PARTS=split.partitions,
         MIN_CHUNK=split.min_chunk,
         # a partial row (fp32, per query head) against a token's K and V (per KV head)
-        MERGE_RATIO=(4 * group) / (2 * kv_cache.element_size()),
-        MERGE_TILE=min(4, num_partitions), PRECISION=_dot_precision(q.dtype),
-        num_warps=tiles.num_warps, num_stages=stages, **pdl.launch_options(q.device))
+        MERGE_RATIO=(4 * group) / (2 * kv_dtype.itemsize),
+        MERGE_TILE=min(4, split.partitions), PRECISION=_dot_precision(q_dtype))
+    stages = tiles.num_stages or _num_stages(tiles.tile_n * block_d * kv_dtype.itemsize)
+    return KernelShape(constexprs, tiles.num_warps, stages)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -400,23 +421,34 @@ def prefill_attention(out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor
         return
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, block_size = kv_cache.shape[2], kv_cache.shape[3]
+    shape = prefill_shape(num_heads, num_kv_heads, head_dim, block_size, q.dtype, kv_cache.dtype,
+                          tiles)
+    num_q_tiles = triton.cdiv(max_query_len, shape.constexprs["BLOCK_Q"])
+    _prefill_kernel[(num_q_tiles, num_seqs, num_kv_heads)](
+        out, q, kv_cache, block_tables, seq_lens, query_start_loc, scale * LOG2E, seq_offset,
+        num_q_tiles, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+        block_tables.stride(0), **shape.constexprs,
+        num_warps=shape.num_warps, num_stages=shape.num_stages)
+
+
+@functools.cache
+def prefill_shape(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
+                  q_dtype: torch.dtype, kv_dtype: torch.dtype,
+                  tiles: PrefillTiles = PREFILL_TILES) -> KernelShape:
+    """The prefill kernel's constexprs, warps and stages for these heads and cache."""
     group = num_heads // num_kv_heads
     block_g = _next_pow2(group)
     block_d = _next_pow2(head_dim)
     # Above head_dim 128 the fp32 accumulator of 128 rows would spill: halve the rows.
     block_m = tiles.block_m if block_d <= 128 else tiles.block_m // 2
     block_q = max(1, block_m // block_g)
-    num_q_tiles = triton.cdiv(max_query_len, block_q)
     # fp32 tiles are twice the bytes: halve the key tile to stay within shared memory.
-    block_n = tiles.block_n // 2 if q.dtype == torch.float32 else tiles.block_n
+    block_n = tiles.block_n // 2 if q_dtype == torch.float32 else tiles.block_n
     stages = tiles.num_stages or _num_stages(
-        block_n * block_d * kv_cache.element_size(),
-        resident_bytes=block_q * block_g * block_d * q.element_size())
-    _prefill_kernel[(num_q_tiles, num_seqs, num_kv_heads)](
-        out, q, kv_cache, block_tables, seq_lens, query_start_loc, scale * LOG2E, seq_offset,
-        num_q_tiles, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
-        block_tables.stride(0),
-        GROUP=group, BLOCK_G=block_g, BLOCK_Q=block_q, HEAD_DIM=head_dim,
-        BLOCK_D=block_d, BLOCK_SIZE=block_size, BLOCK_N=block_n,
-        PRECISION=_dot_precision(q.dtype), num_warps=tiles.num_warps, num_stages=stages)
+        block_n * block_d * kv_dtype.itemsize,
+        resident_bytes=block_q * block_g * block_d * q_dtype.itemsize)
+    constexprs = dict(GROUP=group, BLOCK_G=block_g, BLOCK_Q=block_q, HEAD_DIM=head_dim,
+                      BLOCK_D=block_d, BLOCK_SIZE=block_size, BLOCK_N=block_n,
+                      PRECISION=_dot_precision(q_dtype))
+    return KernelShape(constexprs, tiles.num_warps, stages)
