@@ -8,14 +8,14 @@ rotary rows of q and k (see `neox_to_interleaved`), which we undo here.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
 import torch
 from gguf import GGUFReader
 from transformers import Glm4Config, Glm4vConfig
 
-from autoglm_serve.loader.gguf_loader import GGUFSource, gguf_metadata, iter_dequantized, reject_rope_scaling
+from autoglm_serve.loader.gguf_loader import (BLOCK_TENSOR_RE, GLOBAL_TENSOR_RE, GGUFSource, gguf_metadata,
+                                             iter_dequantized, reject_rope_scaling)
 from autoglm_serve.loader.gguf_mmproj import iter_mmproj_weights, mmproj_name, open_mmproj, read_vision_config
 
 # GGUF's per-block names -> the HF Glm4 decoder layer's modules.
@@ -32,8 +32,6 @@ _BLOCK_NAMES = {
     "post_ffw_norm": "post_mlp_layernorm",
 }
 _GLOBAL_NAMES = {"token_embd": "{decoder}embed_tokens", "output_norm": "{decoder}norm", "output": "lm_head"}
-_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
-_GLOBAL_RE = re.compile(r"(\w+)\.(weight|bias)$")
 
 # GLM-4.1V's image and video marker tokens, looked up by their text in the GGUF's vocabulary.
 _MARKER_TOKENS = {
@@ -158,7 +156,7 @@ def iter_glm4_weights(reader: GGUFReader, mmproj: GGUFSource | None) -> Iterator
 
 def _hf_text_name(gguf_name: str, weight: torch.Tensor, decoder: str, ffn_rows: int, num_layers: int) -> str | None:
     """HF name of a text tensor; None for the multi-token-prediction layers we do not run."""
-    if match := _BLOCK_RE.fullmatch(gguf_name):
+    if match := BLOCK_TENSOR_RE.fullmatch(gguf_name):
         layer, kind, suffix = match.groups()
         if int(layer) >= num_layers:
             return None                         # GLM's NextN (MTP) block after the decoder layers
@@ -168,7 +166,7 @@ def _hf_text_name(gguf_name: str, weight: torch.Tensor, decoder: str, ffn_rows: 
             return f"{decoder}layers.{layer}.mlp.{'gate_up_proj' if fused else 'up_proj'}.{suffix}"
         if kind in _BLOCK_NAMES:
             return f"{decoder}layers.{layer}.{_BLOCK_NAMES[kind]}.{suffix}"
-    elif (match := _GLOBAL_RE.fullmatch(gguf_name)) and match.group(1) in _GLOBAL_NAMES:
+    elif (match := GLOBAL_TENSOR_RE.fullmatch(gguf_name)) and match.group(1) in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[match.group(1)].format(decoder=decoder)}.{match.group(2)}"
     raise ValueError(f"unexpected tensor {gguf_name!r} in a glm4 GGUF file")
 

@@ -35,8 +35,9 @@ _GLOBAL_NAMES = {
     "output_norm": "model.norm",
     "output": "lm_head",
 }
-_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
-_GLOBAL_RE = re.compile(r"(\w+)\.(weight|bias)$")
+# llama.cpp's tensor names, for every architecture: `blk.N.KIND.weight|bias` and `KIND.weight|bias`
+BLOCK_TENSOR_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
+GLOBAL_TENSOR_RE = re.compile(r"(\w+)\.(weight|bias)$")
 
 GGUFSource = str | Path | GGUFReader
 
@@ -157,11 +158,11 @@ def iter_dequantized(reader: GGUFReader) -> Iterator[tuple[str, torch.Tensor]]:
 
 def gguf_to_hf_name(gguf_name: str) -> str:
     """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`; raises on names we don't know."""
-    if match := _BLOCK_RE.fullmatch(gguf_name):
+    if match := BLOCK_TENSOR_RE.fullmatch(gguf_name):
         layer, kind, suffix = match.groups()
         if kind in _BLOCK_NAMES:
             return f"model.layers.{layer}.{_BLOCK_NAMES[kind]}.{suffix}"
-    elif match := _GLOBAL_RE.fullmatch(gguf_name):
+    elif match := GLOBAL_TENSOR_RE.fullmatch(gguf_name):
         kind, suffix = match.groups()
         if kind in _GLOBAL_NAMES:
             return f"{_GLOBAL_NAMES[kind]}.{suffix}"

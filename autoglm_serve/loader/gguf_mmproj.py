@@ -102,13 +102,12 @@ def image_processor_defaults(source: GGUFSource) -> dict:
     """The image settings of a GLM-4.1V GGUF: what the mmproj states (normalization, patch and
     merge sizes), over GLM-4.1V's published pixel limits, which the file does not carry."""
     reader = open_gguf(source)
+    vision = read_vision_config(reader)
     published = json.loads(PUBLISHED_PREPROCESSOR.read_text())["size"]
     settings = {"min_pixels": published["shortest_edge"], "max_pixels": published["longest_edge"],
-                "patch_size": gguf_metadata(reader, "clip.vision.patch_size"),
+                "patch_size": vision["patch_size"], "merge_size": vision["spatial_merge_size"],
                 "image_mean": gguf_metadata(reader, "clip.vision.image_mean"),
                 "image_std": gguf_metadata(reader, "clip.vision.image_std")}
-    merge = next((int(t.shape[0]) for t in reader.tensors if t.name == "mm.patch_merger.weight"), None)
-    settings["merge_size"] = gguf_metadata(reader, "clip.vision.spatial_merge_size", merge)
     return {key: value for key, value in settings.items() if value is not None}
 
 
