@@ -39,18 +39,40 @@ _GLOBAL_NAMES = {
 BLOCK_TENSOR_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 GLOBAL_TENSOR_RE = re.compile(r"(\w+)\.(weight|bias)$")
 
-GGUFSource = str | Path | GGUFReader
+
+class GGUFFile(GGUFReader):
+    """A GGUFReader that knows its path, over a plain ndarray view of its memory map (still
+    mapped, nothing copied).
+
+    Parsing slices the map once per string of the vocabulary and merges (~250,000 slices for
+    SmolLM2), and np.memmap's Python-level __getitem__ and __array_finalize__ are most of that
+    time: this view parses SmolLM2's file in 3.0 s against 7.7 s (a busy 2-core machine)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        super().__init__(path)
+
+    @property
+    def data(self) -> np.ndarray:
+        return self._plain_data
+
+    @data.setter
+    def data(self, value: np.ndarray) -> None:
+        self._plain_data = value.view(np.ndarray) if isinstance(value, np.memmap) else value
 
 
-def open_gguf(path: GGUFSource) -> GGUFReader:
-    """A GGUFReader (memory-mapped); pass it to both functions below to parse the metadata once (~3 s)."""
-    if isinstance(path, GGUFReader):
+GGUFSource = str | Path | GGUFFile
+
+
+def open_gguf(path: GGUFSource) -> GGUFFile:
+    """A GGUFReader (memory-mapped); pass it to both functions below to parse the metadata once."""
+    if isinstance(path, GGUFFile):
         return path
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file {str(path)!r} does not exist")
     try:
-        return GGUFReader(path)
+        return GGUFFile(path)
     except (ValueError, OSError, IndexError) as exc:
         raise ValueError(f"{path}: not a readable GGUF file: {exc}") from exc
 

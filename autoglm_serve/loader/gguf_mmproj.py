@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from gguf import GGUFReader
 
-from autoglm_serve.loader.gguf_loader import GGUFSource, gguf_metadata, iter_dequantized, open_gguf
+from autoglm_serve.loader.gguf_loader import GGUFFile, GGUFSource, gguf_metadata, iter_dequantized, open_gguf
 
 GLM4V_PROJECTOR = "glm4v"
 # AutoGLM-Phone-9B's preprocessor_config.json, shipped with the package
@@ -65,8 +65,8 @@ def open_mmproj(source: GGUFSource) -> GGUFReader:
     return reader
 
 
-def mmproj_name(reader: GGUFReader) -> str:
-    return repr(Path(str(reader.data.filename)).name)
+def mmproj_name(reader: GGUFFile) -> str:
+    return repr(reader.path.name)
 
 
 def read_vision_config(reader: GGUFReader) -> dict:
