@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import time
 from pathlib import Path
 
+import tokenizers
+import transformers
 from tokenizers import Regex, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 from transformers.integrations.gguf.reader import read_gguf_metadata
+
+from autoglm_serve.derived_cache import entry_path, publish
+
+log = logging.getLogger(__name__)
 
 # Any of these in a directory means AutoTokenizer can build a tokenizer from it.
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -33,7 +42,29 @@ _GLM4_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3
 _GLM4_PRE_TOKENIZERS = ("glm4", "chatglm-bpe")
 
 
+# What a cached conversion depends on besides the file: this module's code and the libraries'.
+_CONVERSION_SALT = "|".join((hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+                             transformers.__version__, tokenizers.__version__))
+
+
 def _load_gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    """The GGUF's tokenizer, converted once and then loaded from the derived cache: conversion
+    parses the whole vocabulary (SmolLM2: 8.5 s on a busy 2-core machine, every start)."""
+    entry = entry_path("gguf-tokenizer", [path], _CONVERSION_SALT)
+    if (entry / "tokenizer.json").is_file():
+        try:
+            return AutoTokenizer.from_pretrained(entry, local_files_only=True)
+        except (OSError, ValueError) as exc:
+            log.warning("cached tokenizer %s unreadable (%s): converting %s again", entry, exc, path)
+    start = time.perf_counter()
+    tokenizer = _convert_gguf_tokenizer(path)
+    log.info("tokenizer converted from %s in %.1f s; kept in %s", path.name,
+             time.perf_counter() - start, entry)
+    publish(entry, tokenizer.save_pretrained)
+    return tokenizer
+
+
+def _convert_gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     # the scalar keys only: parsing the vocabulary arrays too takes seconds
     metadata, _ = read_gguf_metadata(path)
     if metadata.get("general.architecture") == "glm4":

@@ -2,6 +2,7 @@ import ctypes
 import gc
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,10 @@ import torch  # noqa: E402
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The run's own derived-files cache (autoglm_serve/derived_cache.py), shared by the servers it
+# starts: the default model's tokenizer is converted once a run, not at every start, and
+# nothing is written to the user's ~/.cache.
+os.environ.setdefault("AUTOGLM_SERVE_CACHE_DIR", tempfile.mkdtemp(prefix="autoglm-serve-cache-"))
 
 
 def pytest_configure(config):

@@ -118,10 +118,15 @@ def test_image_settings_come_from_the_mmproj(llm, files, tmp_path):
     assert defaults["image_std"] == pytest.approx([0.25] * 3)
 
 
-def test_tokenizer_from_the_gguf(files, hf):
+@pytest.mark.parametrize("source", ["converted", "cached"])
+def test_tokenizer_from_the_gguf(files, hf, source, tmp_path, monkeypatch):
     _, gguf_dir, _ = files
     _, reference, _ = hf
+    monkeypatch.setenv("AUTOGLM_SERVE_CACHE_DIR", str(tmp_path))
     ours = load_tokenizer(gguf_dir / TEXT_FILE)
+    if source == "cached":
+        assert any((tmp_path / "gguf-tokenizer").iterdir())
+        ours = load_tokenizer(gguf_dir / TEXT_FILE)
     text = "[gMASK]<sop><|user|>\nOpen Settings, then tap 12345 — ok?<|assistant|>\n<think>"
     assert ours.encode(text, add_special_tokens=False) == reference.encode(text, add_special_tokens=False)
     assert ours.chat_template == reference.chat_template

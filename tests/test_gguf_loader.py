@@ -5,6 +5,7 @@ The SmolLM2 comparison loads 135M parameters twice; it is done once in a module-
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -169,10 +170,17 @@ def test_not_a_gguf_file(tmp_path: Path) -> None:
 # --- tokenizer from the GGUF ---
 
 
-@pytest.fixture(scope="module")
-def tokenizers():
+@pytest.fixture(scope="module", params=["converted", "cached"])
+def tokenizers(request, tmp_path_factory):
+    """Ours as converted from the file, then as loaded back from the derived cache."""
     path = default_model_path()
-    return load_tokenizer(path), AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AUTOGLM_SERVE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        ours = load_tokenizer(path)
+        if request.param == "cached":
+            assert any((Path(os.environ["AUTOGLM_SERVE_CACHE_DIR"]) / "gguf-tokenizer").iterdir())
+            ours = load_tokenizer(path)
+    return ours, AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
 
 TEXTS = ["Hello world", "  leading spaces and\nnewlines\t", "Unicode: naïve café 東京 🚀", "<|im_start|>user"]
@@ -185,6 +193,8 @@ def test_tokenizer_encode_decode_match_transformers(tokenizers) -> None:
         assert ids == theirs.encode(text), text
         assert ours.decode(ids) == theirs.decode(ids) == text
     assert (ours.bos_token_id, ours.eos_token_id) == (theirs.bos_token_id, theirs.eos_token_id)
+    assert ours.pad_token_id == theirs.pad_token_id
+    assert ours.all_special_tokens == theirs.all_special_tokens
 
 
 def test_chat_template_from_gguf_metadata(tokenizers, reader) -> None:
