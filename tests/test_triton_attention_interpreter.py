@@ -83,17 +83,18 @@ def test_decode_merge_in_kernel(dtype, partitions, min_chunk, lens):
     from autoglm_serve.kernels.paged_attention import DecodeSplit
     b = make_batch(lens, [], num_heads=8, num_kv_heads=2, head_dim=16, block_size=16,
                    dtype=dtype, device="cpu", padding_rows=1)
-    check_decode_merge(DecodeSplit(partitions, min_chunk), b)
+    check_decode_merge(DecodeSplit(partitions, min_chunk, partitions), b)
 
 
 def test_decode_split_from_the_batch_shape():
     # An H200 (132 SMs), 2 KV heads: batch 1 spreads over the whole grid in one-tile chunks;
     # once the (sequence, KV head) pairs fill the SMs, chunks are 256 tokens and the grid narrows.
     from autoglm_serve.kernels.paged_attention import DecodeSplit, decode_split
-    assert decode_split(1, 2, 132) == DecodeSplit(64, 64)
-    assert decode_split(8, 2, 132) == DecodeSplit(64, 64)
-    assert decode_split(66, 2, 132) == DecodeSplit(4, 256)
-    assert decode_split(1024, 2, 132) == DecodeSplit(1, 256)
+    # fill: the partitions for 4 programs per SM before the grid's rounding to a power of two.
+    assert decode_split(1, 2, 132) == DecodeSplit(64, 64, 64)
+    assert decode_split(8, 2, 132) == DecodeSplit(64, 64, 33)
+    assert decode_split(66, 2, 132) == DecodeSplit(4, 256, 4)
+    assert decode_split(1024, 2, 132) == DecodeSplit(1, 256, 1)
 
 
 @pytest.mark.parametrize("group", [1, 3, 16])

@@ -41,11 +41,14 @@ DECODE_MIN_CHUNK = 256
 class DecodeTiles(NamedTuple):
     """The decode kernel's shape: tile_n context tokens x head_dim per K/V load, its warps and
     pipeline depth, and parts_scale times the partition count that balances the KV each
-    partition reads against the partial rows its merge reads (see _partitioning)."""
+    partition reads against the partial rows its merge reads (see _partitioning); fill_cap: also
+    at most the partitions that give the GPU its ~4 programs per SM (DecodeSplit.fill), rather
+    than that count rounded up to the grid's power of two."""
     tile_n: int
     num_warps: int
     num_stages: int | None = None   # None: as many K/V tiles in flight as shared memory holds
     parts_scale: float = 1.0
+    fill_cap: bool = False
 
 
 # 64 tokens a tile in 2 warps (scripts/gpu/decode_tiles_sweep.py on an H200, 98 shapes, one
@@ -144,6 +147,7 @@ def _attend_range(acc, l_i, m_i, q, k_base, v_base, table_row, q_pos, lo, hi, sc
 class DecodeSplit(NamedTuple):
     partitions: int     # split-K grid width: programs per (sequence, KV head), a power of two
     min_chunk: int      # fewest context tokens per partition
+    fill: int           # partitions for ~4 programs per SM (<= partitions; see DecodeTiles)
 
 
 def decode_split(num_seqs: int, num_kv_heads: int, num_sms: int,
@@ -160,12 +164,12 @@ def decode_split(num_seqs: int, num_kv_heads: int, num_sms: int,
     want = math.ceil(4 * num_sms / pairs)
     partitions = max(1, min(_next_pow2(want), max_partitions))
     min_chunk = DECODE_TILES.tile_n if pairs < num_sms else DECODE_MIN_CHUNK
-    return DecodeSplit(partitions, min_chunk)
+    return DecodeSplit(partitions, min_chunk, min(want, partitions))
 
 
 @triton.jit
-def _partitioning(seq_len, parts_scale, NUM_PARTS: tl.constexpr, MIN_CHUNK: tl.constexpr,
-                  TILE_N: tl.constexpr, MERGE_RATIO: tl.constexpr):
+def _partitioning(seq_len, parts_scale, max_parts, NUM_PARTS: tl.constexpr,
+                  MIN_CHUNK: tl.constexpr, TILE_N: tl.constexpr, MERGE_RATIO: tl.constexpr):
     """How a context of seq_len tokens splits: (partitions used, tokens per partition).
 
     Computed on the device from seq_len alone, so the grid (NUM_PARTS programs per sequence and
@@ -176,7 +180,7 @@ def _partitioning(seq_len, parts_scale, NUM_PARTS: tl.constexpr, MIN_CHUNK: tl.c
     bytes, and more partitions than that make the step slower. parts_scale scales that count
     (DecodeTiles): the merge runs after the last partition, so bytes alone do not price it."""
     balanced = (parts_scale * tl.sqrt(seq_len.to(tl.float32) / MERGE_RATIO)).to(tl.int32) + 1
-    wanted = tl.minimum(tl.minimum(tl.cdiv(seq_len, MIN_CHUNK), NUM_PARTS), balanced)
+    wanted = tl.minimum(tl.minimum(tl.cdiv(seq_len, MIN_CHUNK), max_parts), balanced)
     chunk = tl.cdiv(tl.cdiv(seq_len, wanted), TILE_N) * TILE_N
     return tl.cdiv(seq_len, chunk), chunk
 
@@ -216,9 +220,9 @@ def _merge_partitions(part_out_ptr, part_lse_ptr, rows, num_parts, stride_pp, ro
 # The block table of an eager step is as wide as its longest sequence: its row stride changes
 # from step to step, and a specialization on it (1, a multiple of 16, other) would compile the
 # kernel again (~1 s, all running requests stalled) the first time a serving step meets a class.
-@triton.jit(do_not_specialize=["stride_bt"])
+@triton.jit(do_not_specialize=["stride_bt", "max_parts"])
 def _decode_kernel(out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, q_ptr, cache_ptr,
-                   block_tables_ptr, seq_lens_ptr, scale_log2, parts_scale,
+                   block_tables_ptr, seq_lens_ptr, scale_log2, parts_scale, max_parts,
                    stride_qt, stride_qh, stride_ot, stride_oh,
                    stride_c_kv, stride_c_block, stride_c_head, stride_c_tok, stride_bt,
                    stride_ps, stride_ph, stride_pp,
@@ -242,8 +246,8 @@ def _decode_kernel(out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, q_ptr, cac
         if part == 0:
             tl.store(out_ptrs, tl.zeros([BLOCK_G, BLOCK_D], out_ptr.dtype.element_ty), mask=io_mask)
         return
-    num_parts, chunk = _partitioning(seq_len, parts_scale, NUM_PARTS, MIN_CHUNK, TILE_N,
-                                     MERGE_RATIO)
+    num_parts, chunk = _partitioning(seq_len, parts_scale, max_parts, NUM_PARTS, MIN_CHUNK,
+                                     TILE_N, MERGE_RATIO)
     lo = part * chunk
     if lo >= seq_len:
         return  # this sequence is too short for this many partitions
@@ -314,7 +318,7 @@ def decode_attention(out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor,
     stride_ps, stride_ph, stride_pp = num_heads * num_partitions, num_partitions, 1
     _decode_kernel[(num_seqs, num_kv_heads, num_partitions)](
         out, part_out, part_lse, counters, q, kv_cache, block_tables, seq_lens, scale * LOG2E,
-        tiles.parts_scale,
+        tiles.parts_scale, split.fill if tiles.fill_cap else num_partitions,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         block_tables.stride(0), stride_ps, stride_ph, stride_pp, **shape.constexprs,

@@ -56,7 +56,10 @@ def main() -> None:
         batches[name] = (args_, ref, floor_us)
     print("floors (us): " + " ".join(f"{k} {v[2]:.1f}" for k, v in batches.items()), flush=True)
 
-    grid = [DECODE_TILES] + [DecodeTiles(n, w, s, p) for n, w, s, p in itertools.product(
+    # the partition cap at the GPU's fill first: it changes only batches whose grid rounds up
+    capped = [DecodeTiles(n, w, s, p, fill_cap=True) for n, w, s, p in
+              ((64, 2, None, 1.0), (64, 2, None, 0.5), (128, 4, 4, 1.0), (64, 4, None, 1.0))]
+    grid = [DECODE_TILES] + capped + [DecodeTiles(n, w, s, p) for n, w, s, p in itertools.product(
         (64, 128, 32), (4, 8, 2), (None, 2, 4), (1.0, 0.5, 0.25, 2.0))]
     rows = []
     for tiles in grid:
@@ -80,7 +83,7 @@ def main() -> None:
         print(f"{tuple(tiles)}: " + " ".join(f"{k} {v:.1f}" for k, v in times.items()),
               flush=True)
     rows.sort(key=lambda r: r[0])
-    print("\n| tiles (tile_n, warps, stages, parts_scale) | "
+    print("\n| tiles (tile_n, warps, stages, parts_scale, fill_cap) | "
           + " | ".join(f"{k} us (floor {v[2]:.0f})" for k, v in batches.items())
           + " | total us |")
     print("| --- |" + " --- |" * (len(CASES) + 1))
