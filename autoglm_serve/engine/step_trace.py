@@ -5,13 +5,17 @@ when it ended (wall clock, so a client's run windows select its steps), how long
 over it, and what it carried: decode rows, prompt tokens and the prompts they came from, the
 vision tower's share in token-equivalents, and the queue after it. With async scheduling a
 step's time is mostly the wait for the one before it to finish on the device, so on a busy GPU
-it is that step's device time.
+it is that step's device time. On a GPU a line also counts the caching allocator's cudaFree
+calls and retries during the step: each frees cached blocks and synchronizes the device, so a
+step that launches into a full cache waits there for everything queued before it.
 """
 from __future__ import annotations
 
 import json
 import time
 from dataclasses import dataclass
+
+import torch
 
 
 @dataclass
@@ -29,6 +33,16 @@ class StepRecord:
 class StepTrace:
     def __init__(self, path: str):
         self._file = open(path, "a", buffering=1)   # line-buffered: readable while it runs
+        self._allocator = (0, 0)
+
+    def _allocator_syncs(self) -> dict:
+        """cudaFree calls and allocation retries since the last line (none off a GPU)."""
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return {}
+        stats = torch.cuda.memory_stats()
+        now = (stats.get("num_device_free", 0), stats.get("num_alloc_retries", 0))
+        (frees, retries), self._allocator = (a - b for a, b in zip(now, self._allocator)), now
+        return {"device_frees": frees, "alloc_retries": retries}
 
     def step_done(self, core, seconds: float) -> None:
         record = core.last_step
@@ -50,6 +64,7 @@ class StepTrace:
                         launch_ms=round(1e3 * record.launch_s, 3),
                         wait_ms=round(1e3 * record.wait_s, 3),
                         sync_ms=None if record.sync_s is None else round(1e3 * record.sync_s, 3))
+        line.update(self._allocator_syncs())
         self._file.write(json.dumps(line) + "\n")
 
     def close(self) -> None:
