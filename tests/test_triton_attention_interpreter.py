@@ -83,18 +83,27 @@ def test_decode_merge_in_kernel(dtype, partitions, min_chunk, lens):
     from autoglm_serve.kernels.paged_attention import DecodeSplit
     b = make_batch(lens, [], num_heads=8, num_kv_heads=2, head_dim=16, block_size=16,
                    dtype=dtype, device="cpu", padding_rows=1)
-    check_decode_merge(DecodeSplit(partitions, min_chunk, partitions), b)
+    check_decode_merge(DecodeSplit(partitions, min_chunk, 132), b)
+
+
+def test_decode_partitions_capped_per_sm():
+    # DECODE_TILES uses at most 3 programs per SM: 3 x 5 SMs over 3 x 2 (sequence, KV head)
+    # pairs = 3 of the grid's 16 partitions, a count that is no power of two
+    from autoglm_serve.kernels.paged_attention import DECODE_TILES, DecodeSplit
+    assert DECODE_TILES.fill_programs == 3
+    b = make_batch([1000, 300, 1], [], num_heads=8, num_kv_heads=2, head_dim=16, block_size=16,
+                   dtype=torch.float32, device="cpu")
+    check_decode_merge(DecodeSplit(16, 64, 5), b)
 
 
 def test_decode_split_from_the_batch_shape():
     # An H200 (132 SMs), 2 KV heads: batch 1 spreads over the whole grid in one-tile chunks;
     # once the (sequence, KV head) pairs fill the SMs, chunks are 256 tokens and the grid narrows.
     from autoglm_serve.kernels.paged_attention import DecodeSplit, decode_split
-    # fill: the partitions for 4 programs per SM before the grid's rounding to a power of two.
-    assert decode_split(1, 2, 132) == DecodeSplit(64, 64, 64)
-    assert decode_split(8, 2, 132) == DecodeSplit(64, 64, 33)
-    assert decode_split(66, 2, 132) == DecodeSplit(4, 256, 4)
-    assert decode_split(1024, 2, 132) == DecodeSplit(1, 256, 1)
+    assert decode_split(1, 2, 132) == DecodeSplit(64, 64, 132)
+    assert decode_split(8, 2, 132) == DecodeSplit(64, 64, 132)
+    assert decode_split(66, 2, 132) == DecodeSplit(4, 256, 132)
+    assert decode_split(1024, 2, 132) == DecodeSplit(1, 256, 132)
 
 
 @pytest.mark.parametrize("group", [1, 3, 16])

@@ -41,21 +41,22 @@ DECODE_MIN_CHUNK = 256
 class DecodeTiles(NamedTuple):
     """The decode kernel's shape: tile_n context tokens x head_dim per K/V load, its warps and
     pipeline depth, and parts_scale times the partition count that balances the KV each
-    partition reads against the partial rows its merge reads (see _partitioning); fill_cap: also
-    at most the partitions that give the GPU its ~4 programs per SM (DecodeSplit.fill), rather
-    than that count rounded up to the grid's power of two."""
+    partition reads against the partial rows its merge reads (see _partitioning); fill_programs:
+    also at most the partitions that give each SM that many programs (None: the grid's width)."""
     tile_n: int
     num_warps: int
     num_stages: int | None = None   # None: as many K/V tiles in flight as shared memory holds
     parts_scale: float = 1.0
-    fill_cap: bool = False
+    fill_programs: float | None = None
 
 
 # 64 tokens a tile in 2 warps (scripts/gpu/decode_tiles_sweep.py on an H200, 98 shapes, one
 # layer as a graph replay): 16 rows at 10k tokens 59.5 us against 69.7 in 4 warps, at 4k 26.8
-# against 30.7, 64 x 4k and 256 x 1k 2% faster, one row at 10k the same. Fewer partitions
-# (parts_scale 0.5) took 16 x 10k to 50.8 us but one row at 10k from 18 to 25 us.
-DECODE_TILES = DecodeTiles(64, 2)
+# against 30.7, 64 x 4k and 256 x 1k 2% faster, one row at 10k the same. At most 3 programs
+# per SM (seventh session's sweep): 16 x 10k 59.3 -> 50.4 us, 64 x 4k 75.2 -> 69.7, 256 x 1k
+# 75.4 -> 65.8 (one partition, no merge), 1 x 10k and 16 x 4k within 0.5 us; 4, 5, 6 and 8
+# a SM lost at 64 x 4k (85.1, 78.8, 74.5, 73.9).
+DECODE_TILES = DecodeTiles(64, 2, fill_programs=3)
 
 
 class PrefillTiles(NamedTuple):
@@ -147,7 +148,7 @@ def _attend_range(acc, l_i, m_i, q, k_base, v_base, table_row, q_pos, lo, hi, sc
 class DecodeSplit(NamedTuple):
     partitions: int     # split-K grid width: programs per (sequence, KV head), a power of two
     min_chunk: int      # fewest context tokens per partition
-    fill: int           # partitions for ~4 programs per SM (<= partitions; see DecodeTiles)
+    num_sms: int        # the GPU's, for DecodeTiles.fill_programs
 
 
 def decode_split(num_seqs: int, num_kv_heads: int, num_sms: int,
@@ -164,7 +165,7 @@ def decode_split(num_seqs: int, num_kv_heads: int, num_sms: int,
     want = math.ceil(4 * num_sms / pairs)
     partitions = max(1, min(_next_pow2(want), max_partitions))
     min_chunk = DECODE_TILES.tile_n if pairs < num_sms else DECODE_MIN_CHUNK
-    return DecodeSplit(partitions, min_chunk, min(want, partitions))
+    return DecodeSplit(partitions, min_chunk, num_sms)
 
 
 @triton.jit
@@ -318,11 +319,17 @@ def decode_attention(out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor,
     stride_ps, stride_ph, stride_pp = num_heads * num_partitions, num_partitions, 1
     _decode_kernel[(num_seqs, num_kv_heads, num_partitions)](
         out, part_out, part_lse, counters, q, kv_cache, block_tables, seq_lens, scale * LOG2E,
-        tiles.parts_scale, split.fill if tiles.fill_cap else num_partitions,
+        tiles.parts_scale, _max_parts(num_seqs * num_kv_heads, split, tiles),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         block_tables.stride(0), stride_ps, stride_ph, stride_pp, **shape.constexprs,
         num_warps=shape.num_warps, num_stages=shape.num_stages, **pdl.launch_options(q.device))
+
+
+def _max_parts(pairs: int, split: DecodeSplit, tiles: DecodeTiles) -> int:
+    if tiles.fill_programs is None:
+        return split.partitions
+    return max(1, min(split.partitions, math.ceil(tiles.fill_programs * split.num_sms / pairs)))
 
 
 @functools.cache
