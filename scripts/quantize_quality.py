@@ -34,7 +34,7 @@ def perplexity(model, tokenizer) -> float:
 def main() -> None:
     from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
-    from autoglm_serve.quantize import write_quantized_checkpoint
+    from autoglm_serve.quantize.pipeline import write_quantized_checkpoint
     from autoglm_serve.quantize.source_model import load_source_model
 
     p = argparse.ArgumentParser()

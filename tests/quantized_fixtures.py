@@ -14,7 +14,7 @@ from glm4v_fixtures import make_tiny_glm4v
 
 def make_tiny_quantized_glm4v(tmp: str | Path, method: str = "gptq", dtype: torch.dtype = torch.float32,
                               **options) -> tuple[Path, Path]:
-    from autoglm_serve.quantize import write_quantized_checkpoint
+    from autoglm_serve.quantize.pipeline import write_quantized_checkpoint
 
     tmp = Path(tmp)
     source = make_tiny_glm4v(tmp / "source")

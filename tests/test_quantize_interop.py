@@ -47,7 +47,7 @@ def test_tiny_glm4v_checkpoint_matches_transformers(tmp_path, method, options):
 
 def test_smollm2_rtn_checkpoint_matches_transformers(tmp_path):
     from transformers import AutoModelForCausalLM
-    from autoglm_serve.quantize import write_quantized_checkpoint
+    from autoglm_serve.quantize.pipeline import write_quantized_checkpoint
     out = write_quantized_checkpoint(None, tmp_path / "smollm2-w4a16", "rtn", dtype=torch.float32)
     prompts = [[1, 504, 3458, 314, 4649, 30], [1, 1204, 564, 253, 5422, 28]]
     hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()

@@ -30,7 +30,7 @@ QUESTIONS = [("What is the capital of France?", "Paris")]
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    from autoglm_serve.quantize import write_quantized_checkpoint
+    from autoglm_serve.quantize.pipeline import write_quantized_checkpoint
     from autoglm_serve.quantize.source_model import load_source_model
 
     source = load_source_model(None)

@@ -1,4 +1,3 @@
-"""`autoglm-serve quantize`: make compressed-tensors W4A16 (rtn, gptq) and FP8 checkpoints."""
-from autoglm_serve.quantize.pipeline import write_quantized_checkpoint
-
-__all__ = ["write_quantized_checkpoint"]
+"""`autoglm-serve quantize`: make compressed-tensors W4A16 (rtn, gptq, awq) and FP8 checkpoints
+(pipeline.write_quantized_checkpoint). Nothing is imported here: the command line reads
+methods.py without torch."""

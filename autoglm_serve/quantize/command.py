@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from autoglm_serve.quantize.schemes import METHODS
+from autoglm_serve.quantize.methods import METHODS
 
 _DTYPES = ("bfloat16", "float16", "float32")
 

@@ -10,9 +10,10 @@ from autoglm_serve.quantize.awq import InputSampler, balance_groups, search_and_
 from autoglm_serve.quantize.calibration import calibration_samples
 from autoglm_serve.quantize.checkpoint_writer import write_checkpoint
 from autoglm_serve.quantize.gptq import HessianObserver, gptq_quantize
+from autoglm_serve.quantize.methods import CALIBRATED_METHODS, Method
 from autoglm_serve.quantize.rtn import QuantizedWeight, rtn_quantize
-from autoglm_serve.quantize.schemes import (CALIBRATED_METHODS, Method, fitting_group_size,
-                                            ignored_modules, quantization_config, target_linears)
+from autoglm_serve.quantize.schemes import (fitting_group_size, ignored_modules,
+                                            quantization_config, target_linears)
 from autoglm_serve.quantize.sequential import calibrate_layer_by_layer
 from autoglm_serve.quantize.source_model import SourceModel, load_source_model
 

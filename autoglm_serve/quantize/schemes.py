@@ -7,16 +7,13 @@ run time ("FP8_DYNAMIC"); stored "float-quantized".
 """
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig,
                                              QuantizationScheme, QuantizationStatus,
                                              QuantizationStrategy, QuantizationType)
 
-Method = Literal["rtn", "gptq", "awq", "fp8"]
-METHODS: tuple[Method, ...] = ("rtn", "gptq", "awq", "fp8")
-CALIBRATED_METHODS: tuple[Method, ...] = ("gptq", "awq")
+from autoglm_serve.quantize.methods import Method
+
 DEFAULT_GROUP_SIZE = 128
 
 # GLM-4.1V's vision tower (and its merger/downsample) as transformers' Glm4vForConditionalGeneration
