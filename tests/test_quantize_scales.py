@@ -45,3 +45,14 @@ def test_asymmetric_int4_search_lowers_error_and_matches_the_stored_grid():
     # the weight the loader rebuilds from the stored scale and integer zero point
     torch.testing.assert_close(fake_quantize(w, searched.scale, searched.zero_point, args),
                                searched.weight)
+
+
+def test_the_search_takes_a_models_parameter():
+    # rtn and awq hand it nn.Linear.weight, which requires grad; the search writes into buffers
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(48, 64, generator=g)
+    args = weight_args("rtn", group_size=32, symmetric=False)
+    from_tensor = rtn_quantize(w, args, torch.float32)
+    from_parameter = rtn_quantize(torch.nn.Parameter(w.clone()), args, torch.float32)
+    assert torch.equal(from_parameter.scale, from_tensor.scale)
+    assert torch.equal(from_parameter.zero_point, from_tensor.zero_point)

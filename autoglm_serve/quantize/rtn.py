@@ -27,7 +27,7 @@ class QuantizedWeight:
 def weight_qparams(weight: torch.Tensor, args: QuantizationArgs, scale_dtype: torch.dtype,
                    clip_search: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale and zero point of `weight` [out, in] for a group or channel strategy."""
-    w = weight.float()
+    w = weight.detach().float()     # a parameter's values: the search writes into buffers
     if args.strategy == QuantizationStrategy.GROUP:
         if w.shape[1] % args.group_size:
             raise ValueError(f"input width {w.shape[1]} is not a multiple of group size {args.group_size}")
