@@ -170,8 +170,14 @@ def test_not_a_gguf_file(tmp_path: Path) -> None:
 # --- tokenizer from the GGUF ---
 
 
+@pytest.fixture(scope="module")
+def reference_tokenizer():
+    path = default_model_path()
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
 @pytest.fixture(scope="module", params=["converted", "cached"])
-def tokenizers(request, tmp_path_factory):
+def tokenizers(request, tmp_path_factory, reference_tokenizer):
     """Ours as converted from the file, then as loaded back from the derived cache."""
     path = default_model_path()
     with pytest.MonkeyPatch.context() as env:
@@ -180,7 +186,7 @@ def tokenizers(request, tmp_path_factory):
         if request.param == "cached":
             assert any((Path(os.environ["AUTOGLM_SERVE_CACHE_DIR"]) / "gguf-tokenizer").iterdir())
             ours = load_tokenizer(path)
-    return ours, AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return ours, reference_tokenizer
 
 
 TEXTS = ["Hello world", "  leading spaces and\nnewlines\t", "Unicode: naïve café 東京 🚀", "<|im_start|>user"]
