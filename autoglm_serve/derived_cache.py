@@ -38,15 +38,16 @@ def entry_path(kind: str, sources: list[Path], salt: str) -> Path:
     return cache_root() / kind / digest.hexdigest()[:32]
 
 
-def publish(entry: Path, write: Callable[[Path], None]) -> None:
-    """Write the entry through write(folder) and move it into place. A failure (read-only or
-    full disk, a writer that raises) is logged and leaves no entry: the caller has its value."""
+def publish(entry: Path, write: Callable[[Path], None]) -> bool:
+    """Write the entry through write(folder) and move it into place; whether the entry is there
+    now. A failure (read-only or full disk, a writer that raises) is logged and leaves no entry:
+    the caller has its value."""
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
     except OSError as exc:
         log.info("not caching %s: %s", entry, exc)
-        return
+        return False
     try:
         write(staging)
         os.rename(staging, entry)
@@ -55,3 +56,4 @@ def publish(entry: Path, write: Callable[[Path], None]) -> None:
             log.info("not caching %s: %s", entry, exc)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    return entry.is_dir()

@@ -58,9 +58,9 @@ def _load_gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
             log.warning("cached tokenizer %s unreadable (%s): converting %s again", entry, exc, path)
     start = time.perf_counter()
     tokenizer = _convert_gguf_tokenizer(path)
-    log.info("tokenizer converted from %s in %.1f s; kept in %s", path.name,
-             time.perf_counter() - start, entry)
-    publish(entry, tokenizer.save_pretrained)
+    seconds = time.perf_counter() - start
+    if publish(entry, tokenizer.save_pretrained):
+        log.info("tokenizer converted from %s in %.1f s; kept in %s", path.name, seconds, entry)
     return tokenizer
 
 

@@ -48,10 +48,10 @@ def test_publish_is_whole_or_nothing(cache):
         (folder / "half").write_text("x")
         raise RuntimeError("disk full")
 
-    publish(entry, write_then_fail)
+    assert not publish(entry, write_then_fail)
     assert not entry.exists() and not any(entry.parent.iterdir())   # no staging left behind
-    publish(entry, lambda folder: (folder / "a").write_text("first"))
-    publish(entry, lambda folder: (folder / "a").write_text("second"))   # a later process
+    assert publish(entry, lambda folder: (folder / "a").write_text("first"))
+    assert publish(entry, lambda folder: (folder / "a").write_text("second"))   # a later process
     assert (entry / "a").read_text() == "first"
     assert [p.name for p in entry.parent.iterdir()] == ["abc"]
 
