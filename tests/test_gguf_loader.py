@@ -65,6 +65,22 @@ def test_smollm2_every_tensor_matches_transformers(smollm2: dict) -> None:
         assert torch.equal(tensor, theirs[name]), name
 
 
+def test_quantize_source_model_is_transformers_model_of_the_gguf(smollm2: dict) -> None:
+    """`quantize`'s source (built from the loader above, not by transformers' GGUF path, which
+    parses the file three times) is the model transformers builds, tied head included."""
+    from autoglm_serve.quantize.source_model import load_source_model
+
+    source = load_source_model(None)
+    weights = source.model.state_dict()
+    assert set(weights) == set(smollm2["hf_weights"])
+    for name, tensor in weights.items():
+        assert torch.equal(tensor, smollm2["hf_weights"][name]), name
+    assert source.model.lm_head.weight is source.model.model.embed_tokens.weight
+    for field in CONFIG_FIELDS:
+        assert getattr(source.model.config, field) == getattr(smollm2["hf_config"], field), field
+    assert source.tokenizer.encode("Hello world") == load_tokenizer(default_model_path()).encode("Hello world")
+
+
 # --- small synthetic GGUFs: untied head, F16 storage, unsupported architecture ---
 
 
