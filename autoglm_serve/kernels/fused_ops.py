@@ -30,13 +30,12 @@ def _pow2(n: int) -> int:
 
 
 @triton.jit
-def _weighted_rms_norm(x, w_ptr, cols, mask, n_cols, eps):
-    """weight * norm(x): float32 statistics, the normed row rounded to x's dtype before the
-    weight and the product rounded again, as RMSNorm does in PyTorch."""
+def _weighted_rms_norm(x, w, n_cols, eps):
+    """w * norm(x): float32 statistics, the normed row rounded to x's dtype before the weight
+    and the product rounded again, as RMSNorm does in PyTorch."""
     xf = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
     normed = (xf * rstd).to(x.dtype)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
     return (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype)
 
 
@@ -44,21 +43,26 @@ def _weighted_rms_norm(x, w_ptr, cols, mask, n_cols, eps):
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, first_w_ptr, n_cols, eps,
                      first_eps, HAS_RESIDUAL: tl.constexpr, NORM_X_FIRST: tl.constexpr,
                      BLOCK: tl.constexpr, PDL: tl.constexpr):
+    # A few rows at decode: the kernel's time is its chain of memory round trips, so every load
+    # is issued up front, the weights (which no kernel writes) even before the PDL wait.
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    if NORM_X_FIRST:
+        first_w = tl.load(first_w_ptr + cols, mask=mask, other=0.0)
     wait_for_previous_grid(PDL)
     x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * n_cols + cols, mask=mask, other=0.0)
     if NORM_X_FIRST:
         # x is a sublayer's output that has its own norm before the residual add (GLM-4)
-        x = _weighted_rms_norm(x, first_w_ptr, cols, mask, n_cols, first_eps)
+        x = _weighted_rms_norm(x, first_w, n_cols, first_eps)
     if HAS_RESIDUAL:
         # the sum is rounded to the activation dtype first, as `x + residual` is in PyTorch
-        r = tl.load(res_ptr + row * n_cols + cols, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
         tl.store(new_res_ptr + row * n_cols + cols, x, mask=mask)
-    tl.store(out_ptr + row * n_cols + cols, _weighted_rms_norm(x, w_ptr, cols, mask, n_cols, eps),
-             mask=mask)
+    tl.store(out_ptr + row * n_cols + cols, _weighted_rms_norm(x, w, n_cols, eps), mask=mask)
 
 
 def _launch_rms_norm(x, weight, eps, residual, first_weight, first_eps):

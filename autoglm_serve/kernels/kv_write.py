@@ -32,6 +32,12 @@ def rotate_pairs(base, i1, i2, cos, sin, mask):
     """The rotated values of the pairs (base[i1], base[i2]): x1*cos - x2*sin, x2*cos + x1*sin."""
     x1 = tl.load(base + i1, mask=mask, other=0.0)
     x2 = tl.load(base + i2, mask=mask, other=0.0)
+    return rotate_loaded(x1, x2, cos, sin)
+
+
+@triton.jit
+def rotate_loaded(x1, x2, cos, sin):
+    """rotate_pairs on values already loaded."""
     c = _rounded(cos, x1.dtype)
     s = _rounded(sin, x1.dtype)
     a = x1.to(tl.float32)
@@ -54,8 +60,13 @@ def _write_kv_kernel(q_ptr, k_ptr, v_ptr, cache_ptr, slot_ptr, cos_ptr, sin_ptr,
                      BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, BLOCK_D: tl.constexpr,
                      PDL: tl.constexpr):
     wait_for_previous_grid(PDL)
+    # Every load first, then every store: q, k and v are views of one qkv tensor, so the
+    # compiler cannot move a load past a store, and this kernel (16 programs at a 16-row decode)
+    # is bound by how many memory round trips it waits for in a row, not by bytes.
     t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + t)
     hk = tl.arange(0, BLOCK_HKV)[:, None]
+    k_base = k_ptr + t * stride_kt + hk * stride_kh
     if ROTARY_HALF > 0:
         f = tl.arange(0, BLOCK_HALF)[None, :]
         f_mask = f < ROTARY_HALF
@@ -65,36 +76,41 @@ def _write_kv_kernel(q_ptr, k_ptr, v_ptr, cache_ptr, slot_ptr, cos_ptr, sin_ptr,
             i1, i2 = 2 * f, 2 * f + 1
         else:
             i1, i2 = f, f + ROTARY_HALF
-        # q in place. Each thread stores exactly the pair it loaded: no thread reads a feature
-        # that another one has already overwritten.
         hq = tl.arange(0, BLOCK_H)[:, None]
         q_mask = (hq < NUM_HEADS) & f_mask
         q_base = q_ptr + t * stride_qt + hq * stride_qh
-        q1, q2 = rotate_pairs(q_base, i1, i2, cos, sin, q_mask)
+        q_x1 = tl.load(q_base + i1, mask=q_mask, other=0.0)
+        q_x2 = tl.load(q_base + i2, mask=q_mask, other=0.0)
+        k_mask = (hk < NUM_KV_HEADS) & f_mask
+        k_x1 = tl.load(k_base + i1, mask=k_mask, other=0.0)
+        k_x2 = tl.load(k_base + i2, mask=k_mask, other=0.0)
+    if 2 * ROTARY_HALF < HEAD_DIM:
+        # the features past the rotary part (all of them without rotary) are copied unchanged
+        d_tail = 2 * ROTARY_HALF + tl.arange(0, BLOCK_TAIL)[None, :]
+        tail_mask = (hk < NUM_KV_HEADS) & (d_tail < HEAD_DIM)
+        k_tail = tl.load(k_base + d_tail, mask=tail_mask)
+    d = tl.arange(0, BLOCK_D)[None, :]
+    v_mask = (hk < NUM_KV_HEADS) & (d < HEAD_DIM)
+    v = tl.load(v_ptr + t * stride_vt + hk * stride_vh + d, mask=v_mask)
+
+    if ROTARY_HALF > 0:
+        # q in place. Each thread stores exactly the pair it loaded: no thread reads a feature
+        # that another one has already overwritten.
+        q1, q2 = rotate_loaded(q_x1, q_x2, cos, sin)
         tl.store(q_base + i1, q1, mask=q_mask)
         tl.store(q_base + i2, q2, mask=q_mask)
-
-    slot = tl.load(slot_ptr + t)
     if slot < 0:
         return
     block = slot // BLOCK_SIZE
     offset = slot % BLOCK_SIZE
     dst = cache_ptr + block * stride_c_block + hk * stride_c_head + offset * stride_c_tok
     out_ty = cache_ptr.dtype.element_ty
-    k_base = k_ptr + t * stride_kt + hk * stride_kh
     if ROTARY_HALF > 0:
-        k_mask = (hk < NUM_KV_HEADS) & f_mask
-        k1, k2 = rotate_pairs(k_base, i1, i2, cos, sin, k_mask)
+        k1, k2 = rotate_loaded(k_x1, k_x2, cos, sin)
         tl.store(dst + i1, k1.to(out_ty), mask=k_mask)
         tl.store(dst + i2, k2.to(out_ty), mask=k_mask)
     if 2 * ROTARY_HALF < HEAD_DIM:
-        # the features past the rotary part (all of them without rotary) are copied unchanged
-        d = 2 * ROTARY_HALF + tl.arange(0, BLOCK_TAIL)[None, :]
-        tail_mask = (hk < NUM_KV_HEADS) & (d < HEAD_DIM)
-        tl.store(dst + d, tl.load(k_base + d, mask=tail_mask).to(out_ty), mask=tail_mask)
-    d = tl.arange(0, BLOCK_D)[None, :]
-    v_mask = (hk < NUM_KV_HEADS) & (d < HEAD_DIM)
-    v = tl.load(v_ptr + t * stride_vt + hk * stride_vh + d, mask=v_mask)
+        tl.store(dst + d_tail, k_tail.to(out_ty), mask=tail_mask)
     tl.store(dst + stride_c_kv + d, v.to(out_ty), mask=v_mask)
 
 
