@@ -56,3 +56,27 @@ def test_the_search_takes_a_models_parameter():
     from_parameter = rtn_quantize(torch.nn.Parameter(w.clone()), args, torch.float32)
     assert torch.equal(from_parameter.scale, from_tensor.scale)
     assert torch.equal(from_parameter.zero_point, from_tensor.zero_point)
+
+
+def test_the_fp8_search_equals_compressed_tensors_fake_quantize():
+    """The search's buffered candidates against the library's fake_quantize, candidate by
+    candidate: the same scales come out, and the same weight."""
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+
+    from autoglm_serve.quantize import rtn
+    g = torch.Generator().manual_seed(3)
+    step = torch.rand(96, 4, 1, generator=g) * 0.01 + 0.002
+    w = torch.cat([(torch.randint(0, 16, (96, 4, 32), generator=g) * step - 7 * step).reshape(96, -1),
+                   torch.randn(96, 64, generator=g) * 0.05, torch.zeros(96, 8)], dim=1)
+    w[5] = 0.0                                         # an all-zero row
+    args = weight_args("fp8")
+    plain = rtn_quantize(w, args, torch.float32, clip_search=False)
+
+    def library_candidates():
+        for stretch in rtn._FP8_STRETCHES:
+            s = plain.scale * stretch
+            yield (s,), (fake_quantize(w, s, plain.zero_point, args) - w).pow(2).sum(1, keepdim=True)
+    expected = rtn._least_error(library_candidates())[0]
+    searched = rtn_quantize(torch.nn.Parameter(w.clone()), args, torch.float32)
+    assert torch.equal(searched.scale, expected)
+    assert torch.equal(searched.weight, fake_quantize(w, expected, plain.zero_point, args))
