@@ -404,14 +404,20 @@ def _check_cases(device, dtype):
                   (f"{m} rows, gated", x, gate_up, None, True, None),
                   (f"{m} rows, gated split-K", x, gate_up, None, True, split)]
     if dtype != torch.float32:
-        for (kind, m, n, k), cfg in TUNED.items():
-            if cfg is None:     # cuBLAS runs there
-                continue
-            n_small = min(n, 2 * cfg.block_n + 3)   # a partial tile too
-            gated = kind == "gated"
-            cases.append((f"tuned {kind} {m}x{n}x{k}", rand(m, k),
-                          rand(2 * n_small if gated else n_small, k), None, gated, cfg))
+        for (kind, m, n, k), cfg, rows in tuned_check_shapes(TUNED):
+            cases.append((f"tuned {kind} {m}x{n}x{k}", rand(m, k), rand(rows, k), None,
+                          kind == "gated", cfg))
     return cases
+
+
+def tuned_check_shapes(table):
+    """(key, config, weight rows) of each config of a TUNED table here or in the quantized
+    GEMVs (None: cuBLAS runs there, skipped), the rows cut to two tiles of N and a partial
+    one; the key's M and K stay. key = (kind, M, N, K, ...)."""
+    for key, cfg in table.items():
+        if cfg is not None:
+            n_small = min(key[2], 2 * cfg.block_n + 3)
+            yield key, cfg, 2 * n_small if key[0] == "gated" else n_small
 
 
 def self_check(device: torch.device, dtype: torch.dtype) -> bool:

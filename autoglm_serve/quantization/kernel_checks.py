@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autoglm_serve.kernels import fp8_gemv, w4a16_gemv
-from autoglm_serve.kernels.gemv import GemvConfig
+from autoglm_serve.kernels.gemv import GemvConfig, tuned_check_shapes
 from autoglm_serve.models.layers.linear import LinearBase
 from autoglm_serve.quantization.fp8 import Fp8LinearMethod, quantize_rows
 from autoglm_serve.quantization.packing import pack_last_dim
@@ -60,15 +60,6 @@ def random_fp8(n, k, device, gen):
     return q.to(device), s.view(-1).to(device)
 
 
-def _tuned(table):
-    """(key, config, weight rows) of each config of a TUNED table (None: not the GEMV, skipped),
-    the rows cut to two tiles of N and a partial one; the key's M and K stay."""
-    for key, cfg in table.items():
-        if cfg is not None:
-            n_small = min(key[2], 2 * cfg.block_n + 3)
-            yield key, cfg, 2 * n_small if key[0] == "gated" else n_small
-
-
 def w4a16_cases(device, dtype):
     """(name, x, (qweight, scales, zeros), group, bias, gated, config)."""
     gen = torch.Generator().manual_seed(0)
@@ -84,7 +75,7 @@ def w4a16_cases(device, dtype):
                       (f"{m} rows, group {group}, gated split-K", x,
                        random_w4(144, 1024, group, zeros, dtype, device, gen), group, None, True,
                        split)]
-    for (kind, m, n, k, group), cfg, rows in _tuned(w4a16_gemv.TUNED):
+    for (kind, m, n, k, group), cfg, rows in tuned_check_shapes(w4a16_gemv.TUNED):
         cases.append((f"tuned {kind} {m}x{n}x{k}/{group}",
                       torch.randn(m, k, generator=gen).to(device, dtype),
                       random_w4(rows, k, group, True, dtype, device, gen), group, None,
@@ -106,7 +97,7 @@ def fp8_cases(device, dtype):
                    random_fp8(100, 1000, device, gen), None, False, None),
                   (f"{m} rows, gated split-K", x, random_fp8(144, 1024, device, gen), None, True,
                    split)]
-    for (kind, m, n, k), cfg, rows in _tuned(fp8_gemv.TUNED):
+    for (kind, m, n, k), cfg, rows in tuned_check_shapes(fp8_gemv.TUNED):
         x = torch.randn(m, k, generator=gen).to(device, dtype)
         cases.append((f"tuned {kind} {m}x{n}x{k}", x, random_fp8(rows, k, device, gen), None,
                       kind == "gated", cfg))
