@@ -134,7 +134,6 @@ def _fp8_searched_scale(w: torch.Tensor, scale: torch.Tensor, args: Quantization
     the same values without its temporaries (tests/test_quantize_scales.py checks them)."""
     assert args.symmetric and args.num_bits == 8, "float8 e4m3 weights, symmetric"
     qmin, qmax = (float(v) for v in calculate_range(args, w.device))
-    w = w.float()
     scaled, as_fp8 = torch.empty_like(w), torch.empty_like(w, dtype=args.pytorch_dtype())
 
     def candidates():
