@@ -15,6 +15,8 @@ from autoglm_serve.loader import (initialize_dummy_weights, iter_gguf_weights,
                                   iter_safetensors_weights, resolve_model_path)
 from autoglm_serve.loader.model_path import ResolvedModel
 from autoglm_serve.models.layers.cpu_int4_linear import cpu_int4_available, use_int4_where_4bit
+from autoglm_serve.models.layers.cpu_onednn_linear import (onednn_linear_available,
+                                                            use_onednn_linears)
 from autoglm_serve.models.layers.linear import get_linear_method
 from autoglm_serve.models.registry import resolve_model_class
 from autoglm_serve.quantization.checkpoint_tensors import convert_checkpoint_tensors
@@ -111,6 +113,10 @@ def load_model(settings, device: torch.device) -> LoadedModel:
             and cpu_int4_available()):
         if converted := use_int4_where_4bit(model):
             described += f"; {converted} linears already 4-bit: int4 CPU kernel for decode"
+    if (qconfig is None and device.type == "cpu" and dtype == torch.float32
+            and onednn_linear_available()):
+        if moved := use_onednn_linears(model):
+            described += f"; {moved} float32 linears through oneDNN"
     if config.mm_encoder_quantization == "fp8":
         if not hasattr(model, "visual"):
             raise ValueError("mm_encoder_quantization='fp8' needs a model with a vision tower")

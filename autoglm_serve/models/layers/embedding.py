@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from autoglm_serve.models.layers.cpu_onednn_linear import onednn_linear
 from autoglm_serve.models.layers.linear import dense_linear
 from autoglm_serve.models.layers.parallel_state import tp_rank, tp_world_size
 
@@ -36,8 +37,14 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
+    # the weight in oneDNN's layout, set on float32 CPU models (models/layers/cpu_onednn_linear.py)
+    reordered_weight: torch.Tensor | None = None
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = dense_linear(hidden, self.weight)
+        if self.reordered_weight is not None:
+            logits = onednn_linear(hidden, self.reordered_weight)
+        else:
+            logits = dense_linear(hidden, self.weight)
         if self.tp_size > 1:
             parts = [torch.empty_like(logits) for _ in range(self.tp_size)]
             torch.distributed.all_gather(parts, logits)
