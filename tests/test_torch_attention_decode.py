@@ -53,7 +53,8 @@ def test_decode_matches_sdpa(layout, kind, seq_lens):
     width = max(-(-n // BS) for n in seq_lens) + 2
     tables = torch.tensor([table(kind, width, gen) for _ in seq_lens], dtype=torch.int32)
     q = torch.randn(len(seq_lens), HKV * GROUP, D, generator=gen)
-    got = _decode(q, cache, _decode_plan(tables, seq_lens, cache), GROUP, SCALE)
+    got = _decode(q, cache, _decode_plan(tables, seq_lens, cache, q.dtype), GROUP,
+                  SCALE)
     torch.testing.assert_close(got, reference(q, cache, tables, seq_lens), atol=2e-5,
                                rtol=1e-4)
 

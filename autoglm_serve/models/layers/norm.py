@@ -17,7 +17,10 @@ class RMSNorm(nn.Module):
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         # float32 statistics, then back to the input dtype before the weight (as transformers);
         # torch's fused rms_norm is bit-equal to x * rsqrt(mean(x^2) + eps) in float32 and one
-        # op where that was five (a CPU pays microseconds an op, 61 norms a SmolLM2 step)
+        # op where that was five (a CPU pays microseconds an op, 61 norms a SmolLM2 step); in
+        # float32 on a CPU it takes the weight too, bit-equal to the product after it
+        if x.dtype == self.weight.dtype == torch.float32 and x.device.type == "cpu":
+            return torch.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         normed = torch.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * normed.to(x.dtype)
 

@@ -2,6 +2,7 @@
 that faster backends are tested against."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -66,18 +67,21 @@ class TorchAttentionBackend(AttentionBackend):
         self._plan_meta: AttentionMetadata | None = None
         self._plan: _StepPlan | None = None
 
-    def _step_plan(self, meta: AttentionMetadata, kv_cache: torch.Tensor) -> _StepPlan:
+    def _step_plan(self, meta: AttentionMetadata, kv_cache: torch.Tensor,
+                   dtype: torch.dtype) -> _StepPlan:
         if meta is not self._plan_meta:
-            self._plan_meta, self._plan = meta, _make_plan(meta, kv_cache)
+            self._plan_meta, self._plan = meta, _make_plan(meta, kv_cache, dtype)
         return self._plan
 
     def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, scale: float):
-        plan = self._step_plan(meta, kv_cache)
+        plan = self._step_plan(meta, kv_cache, _matmul_dtype(kv_cache, q))
         _store(k, v, kv_cache, plan.write_rows, plan.write_blocks, plan.write_offsets)
-        out = torch.empty_like(q)
         num_heads, num_kv_heads = q.shape[1], k.shape[1]
         group = num_heads // num_kv_heads
         nd = meta.num_decodes
+        if nd == meta.num_seqs and nd == q.shape[0]:    # decodes only: no copy into `out`
+            return _decode(q, kv_cache, plan.decode, group, scale)
+        out = torch.empty_like(q)
         if nd > 0:
             out[:nd] = _decode(q[:nd], kv_cache, plan.decode, group, scale)
         for i in range(nd, meta.num_seqs):
@@ -146,19 +150,21 @@ class _DecodePlan:
     in_place: list[_InPlaceRead | None] | None     # None: gathered; an entry None: seq_len 0
     num_blocks: int = 0
     index: torch.Tensor | None = None   # [rows * num_blocks] block ids to gather
-    mask: torch.Tensor | None = None    # [rows, 1, 1, num_blocks * BS] keys each row sees
+    # [rows, 1, 1, num_blocks * BS]: 0 where a row sees the key, -inf where not (SDPA turns a
+    # boolean mask into this at every call: two ops a layer)
+    mask: torch.Tensor | None = None
     empty_rows: torch.Tensor | None = None  # rows without a key (padding), whose output is 0
 
 
-def _make_plan(meta: AttentionMetadata, kv_cache: torch.Tensor) -> _StepPlan:
+def _make_plan(meta: AttentionMetadata, kv_cache: torch.Tensor, dtype: torch.dtype) -> _StepPlan:
     seq_lens = meta.seq_lens_cpu.tolist()
     rows, blocks, offsets = _slots(meta.slot_mapping, kv_cache.shape[3])
     nd = meta.num_decodes
-    decode = _decode_plan(meta.block_tables[:nd], seq_lens[:nd], kv_cache) if nd else None
+    decode = _decode_plan(meta.block_tables[:nd], seq_lens[:nd], kv_cache, dtype) if nd else None
     return _StepPlan(meta.query_start_loc_cpu.tolist(), seq_lens, rows, blocks, offsets, decode)
 
 
-def _decode_plan(block_tables, seq_lens: list[int], kv_cache) -> _DecodePlan:
+def _decode_plan(block_tables, seq_lens: list[int], kv_cache, dtype: torch.dtype) -> _DecodePlan:
     block_size = kv_cache.shape[3]
     if kv_cache.device.type == "cpu" and max(seq_lens) >= IN_PLACE_MIN_TOKENS:
         reads = _in_place_reads(block_tables.tolist(), seq_lens, block_size)
@@ -169,7 +175,8 @@ def _decode_plan(block_tables, seq_lens: list[int], kv_cache) -> _DecodePlan:
         return _DecodePlan(in_place=None)
     device = block_tables.device
     lens = torch.tensor(seq_lens, device=device)
-    mask = torch.arange(num_blocks * block_size, device=device)[None, :] < lens[:, None]
+    hidden = torch.arange(num_blocks * block_size, device=device)[None, :] >= lens[:, None]
+    mask = torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill_(hidden, -math.inf)
     return _DecodePlan(
         in_place=None, num_blocks=num_blocks,
         index=block_tables[:, :num_blocks].clamp(min=0).reshape(-1).long(),
