@@ -32,13 +32,15 @@ def onednn_linear(x: torch.Tensor, reordered: torch.Tensor,
 
 
 class OneDnnLinearMethod(UnquantizedLinearMethod):
-    """``layer.weight`` holds the reordered weight; every row count goes through oneDNN."""
+    """``layer.weight`` holds the reordered weight; every row count goes through oneDNN (the
+    inherited gated-SiLU GEMV is CUDA-only, so never taken here)."""
 
     def apply(self, layer, x, bias):
         return onednn_linear(x, layer.weight, bias)
 
-    def apply_gated_silu(self, layer, x):
-        return None
+
+def _float32_on_cpu(weight: torch.Tensor) -> bool:
+    return weight.dtype == torch.float32 and weight.device.type == "cpu"
 
 
 def use_onednn_linears(model: nn.Module) -> int:
@@ -48,16 +50,13 @@ def use_onednn_linears(model: nn.Module) -> int:
     from autoglm_serve.models.layers.embedding import ParallelLMHead
     moved = 0
     for module in model.modules():
-        if isinstance(module, LinearBase):
-            weight = getattr(module, "weight", None)
-            if (type(module.linear_method) is not UnquantizedLinearMethod
-                    or weight.dtype != torch.float32 or weight.device.type != "cpu"):
-                continue
-            module.weight = nn.Parameter(reorder_weight(weight), requires_grad=False)
+        if (isinstance(module, LinearBase)
+                and type(module.linear_method) is UnquantizedLinearMethod
+                and _float32_on_cpu(module.weight)):
+            module.weight = nn.Parameter(reorder_weight(module.weight), requires_grad=False)
             module.linear_method = OneDnnLinearMethod()
             moved += 1
-        elif isinstance(module, ParallelLMHead):
-            if module.weight.dtype == torch.float32 and module.weight.device.type == "cpu":
-                module.reordered_weight = reorder_weight(module.weight)
-                moved += 1
+        elif isinstance(module, ParallelLMHead) and _float32_on_cpu(module.weight):
+            module.reordered_weight = reorder_weight(module.weight)
+            moved += 1
     return moved
