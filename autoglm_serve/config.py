@@ -33,7 +33,8 @@ class EngineConfig:
     num_kv_blocks: int | None = None          # exact block count (tests, tuning)
     seed: int = 0
     enforce_eager: bool = False
-    async_scheduling: bool = True             # prepare step N+1 while the device runs step N
+    async_scheduling: bool | None = None      # prepare step N+1 while the device runs step N;
+                                              # None: on a GPU only
     tensor_parallel_size: int = 1             # ranks, one process and device each
     mm_encoder_tp_mode: str = "data"          # vision tower under TP: data | weights
     quantization: str | None = None           # awq | gptq | compressed-tensors | fp8 (vLLM's)
@@ -90,6 +91,14 @@ class EngineConfig:
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError("device='cuda' was asked for but CUDA is not available")
         return torch.device(self.device)
+
+    def resolve_async_scheduling(self, device: torch.device) -> bool:
+        """On by default where a device runs the step while the host prepares the next. A CPU
+        runs the step in the host's own thread: nothing overlaps, and each token would only
+        reach its client one step late (a step is ~80 ms for the embedded default on 2 cores)."""
+        if self.async_scheduling is not None:
+            return self.async_scheduling
+        return device.type == "cuda"
 
     def resolve_kv_cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         """fp8: e4m3 with a scale of 1.0 (vLLM's default without calibrated scales): K and V

@@ -82,3 +82,23 @@ def test_warm_up_leaves_a_clean_engine(path):
     assert core.kv.num_free_blocks == core.kv.num_blocks
     assert core.num_prompt_tokens_total == 0 and core.kv.prefix_hits == 0
     assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)] == before
+
+
+def _tokens_after_each_step(eng) -> list[int]:
+    eng.add_request("r", PreparedPrompt(PROMPTS[0]), SamplingParams(temperature=0, max_tokens=3,
+                                                                     ignore_eos=True))
+    seen, counts = 0, []
+    while eng.has_unfinished():
+        for out in eng.step():
+            seen = len(out.outputs[0].token_ids)
+        counts.append(seen)
+    return counts
+
+
+def test_cpu_default_hands_each_token_out_with_its_own_step(path):
+    """On a CPU the step runs in the host's thread, so nothing overlaps: by default (unset)
+    a step's token comes out of that step, not one step later."""
+    llm = LLM(str(path), skip_tokenizer_init=True, block_size=8, num_kv_blocks=64, device="cpu")
+    assert llm.engine.core.async_scheduling is False
+    assert _tokens_after_each_step(llm.engine) == [1, 2, 3]
+    assert _tokens_after_each_step(engine(path, True, device="cpu").engine) == [0, 1, 2, 3]

@@ -82,7 +82,7 @@ def test_penalized_greedy_equals_reference_with_overlap_and_preemption(tmp_path,
     prompts = [[5, 9, 2, 77, 31], list(range(20, 60)), [3] * 12, [99, 98, 97]]
     # 14 blocks of 8 tokens cannot hold all four requests to the end: preemptions
     llm = LLM(str(path), skip_tokenizer_init=True, block_size=8, num_kv_blocks=14,
-              max_num_batched_tokens=24, dtype="float32")
+              max_num_batched_tokens=24, dtype="float32", async_scheduling=True)
     core = llm.engine.core
     overlapped = []
     step = core.step

@@ -94,6 +94,7 @@ class EngineCore:
     def _start(self, settings: EngineSettings, loaded: LoadedModel | None) -> None:
         config = self.config
         self.cpu_threads = cpu_threads(self.device)
+        self.async_scheduling = config.resolve_async_scheduling(self.device)
         if self.workers is not None:
             self.loaded = self.workers.load_model(settings)
         else:
@@ -294,7 +295,7 @@ class EngineCore:
         outputs = self._complete(self._inflight) if self._inflight is not None else []
         t4 = time.perf_counter()
         self._inflight = launched
-        synced = launched is not None and (launched.needs_sync or not self.config.async_scheduling)
+        synced = launched is not None and (launched.needs_sync or not self.async_scheduling)
         if synced:
             outputs += self._complete(launched)
             self._inflight = None
