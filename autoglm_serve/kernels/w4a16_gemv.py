@@ -55,17 +55,18 @@ EVEN_EXP = 0x43800000
 ODD_EXP = 0x41800000
 
 # (kind, rows bucket, N, K, group) -> config (or None: kernels/wna16.py), from the H200.
-# (scripts/gpu/quant_gemv_bench.py, 2026-12-01; comments: this config, the fallback)
+# (scripts/gpu/quant_gemv_bench.py, 2026-12-01; one row: scripts/gpu/quant_gemv_depth.py,
+# 2026-12-03; comments: this config, the fallback)
 TUNED: dict[tuple[str, int, int, int, int], GemvConfig | None] = {
-    ('gated', 1, 13696, 4096, 128): GemvConfig(128, 128, 4, 4, 3, False),  # 35.9 us, GEMM kernel 228.1
+    ('gated', 1, 13696, 4096, 128): GemvConfig(128, 128, 4, 4, 2, False),  # 31.4 us (3 stages 32.9), GEMM kernel 228.1
     ('gated', 2, 13696, 4096, 128): GemvConfig(64, 128, 2, 4, 3, True),  # 70.3 us, GEMM kernel 217.5
     ('gated', 4, 13696, 4096, 128): GemvConfig(128, 128, 2, 4, 3, True),  # 72.8 us, GEMM kernel 217.4
     ('gated', 8, 13696, 4096, 128): GemvConfig(128, 128, 2, 4, 3, True),  # 75.3 us, GEMM kernel 217.3
-    ('linear', 1, 4096, 13696, 128): GemvConfig(128, 128, 8, 4, 3, False),  # 20.6 us, GEMM kernel 114.2
+    ('linear', 1, 4096, 13696, 128): GemvConfig(128, 128, 16, 4, 4, False),  # 17.3 us (split 8: 20.6), GEMM kernel 114.2
     ('linear', 2, 4096, 13696, 128): GemvConfig(128, 128, 8, 4, 3, True),  # 40.5 us, GEMM kernel 111.0
     ('linear', 4, 4096, 13696, 128): GemvConfig(64, 128, 8, 4, 3, True),  # 40.0 us, GEMM kernel 110.8
     ('linear', 8, 4096, 13696, 128): GemvConfig(128, 128, 8, 4, 3, True),  # 45.8 us, GEMM kernel 110.6
-    ('linear', 1, 4608, 4096, 128): GemvConfig(128, 128, 8, 4, 3, False),  # 8.5 us, GEMM kernel 59.6
+    ('linear', 1, 4608, 4096, 128): GemvConfig(128, 128, 8, 4, 2, False),  # 8.2 us (3 stages 8.5), GEMM kernel 59.6
     ('linear', 2, 4608, 4096, 128): GemvConfig(128, 128, 8, 4, 3, True),  # 15.5 us, GEMM kernel 57.4
     ('linear', 4, 4608, 4096, 128): GemvConfig(128, 128, 8, 4, 3, True),  # 15.8 us, GEMM kernel 57.4
     ('linear', 8, 4608, 4096, 128): GemvConfig(128, 128, 8, 4, 3, True),  # 17.5 us, GEMM kernel 57.6
