@@ -113,12 +113,7 @@ def around(cfg: GemvConfig, kind: str) -> list[GemvConfig]:
         for bn in (64, 256):
             for stages in (4, 6):
                 out.append(cfg._replace(block_n=bn, num_stages=stages))
-    seen, unique = set(), []
-    for c in out:
-        if c not in seen:
-            seen.add(c)
-            unique.append(c)
-    return unique
+    return list(dict.fromkeys(out))      # first occurrences, in order
 
 
 def sweep(label, configs, call, weights, reference, nbytes, deadline, tol):
