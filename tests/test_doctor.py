@@ -29,6 +29,19 @@ def test_doctor_passes_with_the_embedded_default():
     assert "✗" not in out
 
 
+def test_doctor_says_whether_the_cpu_kernel_for_gguf_blocks_is_built(tmp_path):
+    from autoglm_serve.kernels.cpu.gguf_block_gemm import available
+    built = "✓ CPU kernel for GGUF Q4_1/Q8_0 weights built"
+    assert (built in cli("doctor", "--port", str(free_port())).stdout) == available()
+    # a machine without a C compiler is told how to get one, and may still serve
+    proc = subprocess.run([sys.executable, "-m", "autoglm_serve", "doctor", "--port",
+                           str(free_port())], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**ENV, "CC": str(tmp_path / "no-such-cc"),
+                               "AUTOGLM_SERVE_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "! no C compiler or no AVX2" in proc.stdout and "install gcc" in proc.stdout
+
+
 def test_doctor_fails_on_a_missing_model_and_a_busy_port(tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -14,6 +14,7 @@ from autoglm_serve.config import EngineConfig
 from autoglm_serve.loader import (initialize_dummy_weights, iter_gguf_weights,
                                   iter_safetensors_weights, resolve_model_path)
 from autoglm_serve.loader.model_path import ResolvedModel
+from autoglm_serve.models.layers.cpu_gguf_linear import use_gguf_block_linears
 from autoglm_serve.models.layers.cpu_int4_linear import cpu_int4_available, use_int4_where_4bit
 from autoglm_serve.models.layers.cpu_onednn_linear import (onednn_linear_available,
                                                             use_onednn_linears)
@@ -113,6 +114,11 @@ def load_model(settings, device: torch.device) -> LoadedModel:
             and cpu_int4_available()):
         if converted := use_int4_where_4bit(model):
             described += f"; {converted} linears already 4-bit: int4 CPU kernel for decode"
+    if qconfig is None and device.type == "cpu" and dtype == torch.float32:
+        taken = use_gguf_block_linears(model)
+        if any(taken.values()):
+            described += "; " + ", ".join(f"{count} {name}" for name, count in taken.items()
+                                          if count) + " linears read as GGUF blocks"
     if (qconfig is None and device.type == "cpu" and dtype == torch.float32
             and onednn_linear_available()):
         if moved := use_onednn_linears(model):

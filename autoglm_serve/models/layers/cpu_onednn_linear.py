@@ -10,6 +10,8 @@ row the same bits at any row count: float32 answers then do not depend on the ba
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -56,7 +58,9 @@ def use_onednn_linears(model: nn.Module) -> int:
             module.weight = nn.Parameter(reorder_weight(module.weight), requires_grad=False)
             module.linear_method = OneDnnLinearMethod()
             moved += 1
-        elif isinstance(module, ParallelLMHead) and _float32_on_cpu(module.weight):
-            module.reordered_weight = reorder_weight(module.weight)
+        elif (isinstance(module, ParallelLMHead) and module.cpu_logits is None
+              and _float32_on_cpu(module.weight)):
+            module.cpu_logits = functools.partial(onednn_linear,
+                                                  reordered=reorder_weight(module.weight))
             moved += 1
     return moved

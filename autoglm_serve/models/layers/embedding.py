@@ -1,11 +1,12 @@
 """Token embedding and LM head, sharded over the vocabulary under tensor parallelism."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autoglm_serve.models.layers.cpu_onednn_linear import onednn_linear
 from autoglm_serve.models.layers.linear import dense_linear
 from autoglm_serve.models.layers.parallel_state import tp_rank, tp_world_size
 
@@ -37,12 +38,14 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    # the weight in oneDNN's layout, set on float32 CPU models (models/layers/cpu_onednn_linear.py)
-    reordered_weight: torch.Tensor | None = None
+    # hidden -> logits from the weight in a CPU kernel's own form, set on float32 CPU models
+    # (models/layers/cpu_gguf_linear.py, cpu_onednn_linear.py); the dense weight stays for the
+    # embedding a tied head shares
+    cpu_logits: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.reordered_weight is not None:
-            logits = onednn_linear(hidden, self.reordered_weight)
+        if self.cpu_logits is not None:
+            logits = self.cpu_logits(hidden)
         else:
             logits = dense_linear(hidden, self.weight)
         if self.tp_size > 1:

@@ -1,0 +1,93 @@
+"""Float32 matmuls over weights kept in GGUF's Q4_1 and Q8_0 blocks (gguf_block_gemm.c).
+
+A CPU decode step of the embedded default spent most of its time streaming float32 weights that
+the GGUF file holds in 4 or 8 bits. The C kernel reads the blocks and dequantizes them in
+registers, exactly as the GGUF reader rounds them, so its products are those of the loaded
+float32 weights summed in one fixed order per output: a row's bits do not depend on the rows
+beside it. torch's own 4-bit CPU kernel (`_weight_int4pack_mm_for_cpu`) rounds activations to
+bf16 and, for float32 ones, runs a scalar loop (1,022 against 47 us at 576x576 on this AVX2 CPU).
+
+It is compiled at first use with the machine's C compiler (gcc, or $CC) for AVX2 and FMA and
+kept in the derived-files cache (derived_cache.py); without a compiler or AVX2 it is simply not
+available and float32 linears stay on oneDNN.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from autoglm_serve import derived_cache
+
+log = logging.getLogger(__name__)
+
+GROUP_SIZE = 32
+Q4_1, Q8_0 = 0, 1
+# bytes a block of 32 weights takes, as gguf_block_gemm.c reads it
+BLOCK_BYTES = {Q4_1: 24, Q8_0: 36}
+
+_SOURCE = Path(__file__).with_suffix(".c")
+_FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared"]
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CC", "gcc"))
+
+
+def _cpu_has_avx2() -> bool:
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+def _compile(compiler: str, folder: Path) -> None:
+    subprocess.run([compiler, *_FLAGS, "-o", str(folder / "gguf_block_gemm.so"), str(_SOURCE)],
+                   check=True, capture_output=True, text=True)
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    compiler = _compiler()
+    if compiler is None or not _cpu_has_avx2():
+        return None
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                                 check=True).stdout.splitlines()[0]
+        entry = derived_cache.entry_path("cpu-kernels", [_SOURCE], f"{version} {_FLAGS}")
+        if not (entry.is_dir() or derived_cache.publish(entry, lambda f: _compile(compiler, f))):
+            entry = Path(tempfile.mkdtemp(prefix="autoglm-cpu-kernels-"))
+            _compile(compiler, entry)
+        library = ctypes.CDLL(str(entry / "gguf_block_gemm.so"))
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", "") or exc
+        log.warning("GGUF block kernel not built, float32 linears stay on oneDNN: %s", detail)
+        return None
+    library.gguf_block_gemm.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
+                                        ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                                        ctypes.c_void_p, ctypes.c_int]
+    library.gguf_block_gemm.restype = ctypes.c_int
+    return library
+
+
+def available() -> bool:
+    """Whether this machine can build and run the kernel (x86 with AVX2, a C compiler)."""
+    return _library() is not None
+
+
+def gguf_block_gemm(x: torch.Tensor, blocks: torch.Tensor, block_format: int) -> torch.Tensor:
+    """x [..., K] float32 @ W^T, W [N, K] given as ``blocks`` [N, K / 32 * BLOCK_BYTES] uint8."""
+    k = x.shape[-1]
+    n = blocks.shape[0]
+    rows = x.reshape(-1, k).contiguous()
+    out = torch.empty(rows.shape[0], n, dtype=torch.float32)
+    status = _library().gguf_block_gemm(block_format, rows.data_ptr(), rows.shape[0], k,
+                                        blocks.data_ptr(), n, out.data_ptr(),
+                                        torch.get_num_threads())
+    if status:
+        raise ValueError(f"gguf_block_gemm: K={k} is not a multiple of {GROUP_SIZE}")
+    return out.reshape(*x.shape[:-1], n)
