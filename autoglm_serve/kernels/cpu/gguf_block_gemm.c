@@ -1,6 +1,6 @@
 /* y[M, N] = x[M, K] @ W^T in float32, W [N, K] held in GGUF's own Q4_1 or Q8_0 blocks of 32.
  *
- * Built at first use by kernels/cpu/gguf_block_gemm.py (gcc -O3 -mavx2 -mfma -fopenmp
+ * Built at first use by kernels/cpu/build.py (gcc -O3 -mavx2 -mfma -fopenmp
  * -ffp-contract=off). Two promises the engine relies on:
  *  - A weight is dequantized as the GGUF reader does it (d * q, then + m: two roundings, no
  *    FMA), so the products are those of the float32 weights the model loaded.

@@ -7,70 +7,32 @@ float32 weights summed in one fixed order per output: a row's bits do not depend
 beside it. torch's own 4-bit CPU kernel (`_weight_int4pack_mm_for_cpu`) rounds activations to
 bf16 and, for float32 ones, runs a scalar loop (1,022 against 47 us at 576x576 on this AVX2 CPU).
 
-It is compiled at first use with the machine's C compiler (gcc, or $CC) for AVX2 and FMA and
-kept in the derived-files cache (derived_cache.py); without a compiler or AVX2 it is simply not
-available and float32 linears stay on oneDNN.
+Built at first use by build.py; without a C compiler or AVX2 it is not available and float32
+linears stay on oneDNN.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
-import logging
-import os
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 
-from autoglm_serve import derived_cache
-
-log = logging.getLogger(__name__)
+from autoglm_serve.kernels.cpu import build
 
 GROUP_SIZE = 32
 Q4_1, Q8_0 = 0, 1
 # bytes a block of 32 weights takes, as gguf_block_gemm.c reads it
 BLOCK_BYTES = {Q4_1: 24, Q8_0: 36}
 
-_SOURCE = Path(__file__).with_suffix(".c")
-_FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared"]
-
-
-def _compiler() -> str | None:
-    return shutil.which(os.environ.get("CC", "gcc"))
-
-
-def _cpu_has_avx2() -> bool:
-    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
-
-
-def _compile(compiler: str, folder: Path) -> None:
-    subprocess.run([compiler, *_FLAGS, "-o", str(folder / "gguf_block_gemm.so"), str(_SOURCE)],
-                   check=True, capture_output=True, text=True)
-
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    compiler = _compiler()
-    if compiler is None or not _cpu_has_avx2():
-        return None
-    try:
-        version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
-                                 check=True).stdout.splitlines()[0]
-        entry = derived_cache.entry_path("cpu-kernels", [_SOURCE], f"{version} {_FLAGS}")
-        if not (entry.is_dir() or derived_cache.publish(entry, lambda f: _compile(compiler, f))):
-            entry = Path(tempfile.mkdtemp(prefix="autoglm-cpu-kernels-"))
-            _compile(compiler, entry)
-        library = ctypes.CDLL(str(entry / "gguf_block_gemm.so"))
-    except (OSError, subprocess.CalledProcessError) as exc:
-        detail = getattr(exc, "stderr", "") or exc
-        log.warning("GGUF block kernel not built, float32 linears stay on oneDNN: %s", detail)
-        return None
-    library.gguf_block_gemm.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
-                                        ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                                        ctypes.c_void_p, ctypes.c_int]
-    library.gguf_block_gemm.restype = ctypes.c_int
+    library = build.load("gguf_block_gemm")
+    if library is not None:
+        library.gguf_block_gemm.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
+                                            ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                                            ctypes.c_void_p, ctypes.c_int]
+        library.gguf_block_gemm.restype = ctypes.c_int
     return library
 
 
