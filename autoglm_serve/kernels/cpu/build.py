@@ -3,7 +3,7 @@
 Each `NAME.c` becomes a shared library compiled for AVX2 and FMA with OpenMP (the same libgomp
 that torch loaded, so both share one thread pool) and without FMA contraction (the kernels say
 where they round). Libraries are kept in the derived-files cache (derived_cache.py), keyed by the
-source and the compiler's version. Without a compiler ($CC, else gcc) or AVX2 a kernel is simply
+source, this folder's headers and the compiler's version. Without a compiler ($CC, else gcc) or AVX2 a kernel is simply
 not available and its callers keep their PyTorch path.
 """
 from __future__ import annotations
@@ -49,7 +49,8 @@ def load(name: str) -> ctypes.CDLL | None:
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
                                  check=True).stdout.splitlines()[0]
-        entry = derived_cache.entry_path("cpu-kernels", [source], f"{version} {FLAGS}")
+        headers = sorted(source.parent.glob("*.h"))
+        entry = derived_cache.entry_path("cpu-kernels", [source, *headers], f"{version} {FLAGS}")
         if not (entry.is_dir()
                 or derived_cache.publish(entry, lambda folder: _compile(compiler, source, folder))):
             entry = Path(tempfile.mkdtemp(prefix="autoglm-cpu-kernels-"))

@@ -12,16 +12,11 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "horizontal_sum.h"
+
 #define CHUNK 256
 #define MAX_GROUP 16
 #define MAX_D 256
-
-static inline float horizontal_sum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 static inline float horizontal_max(__m256 v) {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

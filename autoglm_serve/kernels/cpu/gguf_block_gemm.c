@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "horizontal_sum.h"
+
 #define GROUP 32
 /* Blocks as the loader repacks them (their scales widened from GGUF's fp16 to float32, which
  * is exact and saves a conversion per block). Q4_1: float d, float m, 16 bytes whose byte j
@@ -46,13 +48,6 @@ static inline __attribute__((always_inline)) __m256 block_scale(const uint8_t *b
 static inline __attribute__((always_inline)) __m256 block_offset(const int format,
                                                                  const uint8_t *block) {
     return format == Q4_1 ? _mm256_broadcast_ss((const float *)(block + 4)) : _mm256_setzero_ps();
-}
-
-static inline float horizontal_sum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 
 /* ROWS rows of x against COLS weight rows from n, dequantized on the fly: ROWS * COLS
