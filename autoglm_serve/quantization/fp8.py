@@ -1,7 +1,8 @@
 """FP8 W8A8 linear method: e4m3 weights with one float32 scale per output channel, activations
 quantized per token at run time (dynamic: scale = row amax / 448), multiplied by
-``torch._scaled_mm`` with row-wise scales (on CUDA; PyTorch's CPU build runs the same op, so
-CI exercises the same numerics).
+``torch._scaled_mm`` with row-wise scales (on CUDA; PyTorch's CPU build runs the same op from
+2.13, so CI exercises the same numerics; an older CPU build, which takes single scales only,
+multiplies the e4m3 values in float32 and applies the same scales after).
 
 From a compressed-tensors float-quantized checkpoint the e4m3 weight and its scale load as they
 are; with ``quantize_at_load`` (``--quantization fp8`` on a 16-bit checkpoint) the layer loads
@@ -11,6 +12,8 @@ quantization, kernels/fp8_quant.py, and for a few rows the FP8 decode GEMV, kern
 no host syncs, CUDA-graph safe.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import nn
@@ -46,11 +49,29 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
         xq, x_scale = fp8_quant.quantize_rows(x2)
     else:
         xq, x_scale = quantize_rows(x2)
-    out = torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=weight_scale.view(1, -1),
-                           out_dtype=x.dtype)
+    if x.device.type == "cpu" and not cpu_scaled_mm_takes_row_scales():
+        out = ((xq.float() @ weight.float().t()) * x_scale * weight_scale).to(x.dtype)
+    else:
+        out = torch._scaled_mm(xq, weight.t(), scale_a=x_scale,
+                               scale_b=weight_scale.view(1, -1), out_dtype=x.dtype)
     if bias is not None:
         out = out + bias
     return out.reshape(*shape[:-1], weight.shape[0])
+
+
+@functools.cache
+def cpu_scaled_mm_takes_row_scales() -> bool:
+    """Whether torch's CPU `_scaled_mm` takes a scale per row of A and per column of B (torch
+    2.13 does; 2.11 asserts that both scales are single numbers). Where not, the CPU multiplies
+    the e4m3 values in float32 and applies the same scales after."""
+    a = torch.zeros(1, 16, dtype=FP8)
+    b = torch.zeros(16, 16, dtype=FP8).t()
+    try:
+        torch._scaled_mm(a, b, scale_a=torch.ones(1, 1), scale_b=torch.ones(1, 16),
+                         out_dtype=torch.float32)
+    except RuntimeError:
+        return False
+    return True
 
 
 def _decode_gemv(x, weight, bias, gated):
