@@ -50,6 +50,9 @@ def test_products_match_a_float64_matmul_at_every_row_count(block_format, n, k):
         assert out.dtype == torch.float32 and out.shape == (rows, n)
         torch.testing.assert_close(out.double(), x.double() @ weight.double().T,
                                    atol=1e-5, rtol=1e-5)
+    assert gguf_block_gemm(torch.randn(0, k), blocks, block_format).shape == (0, n)
+    with pytest.raises(TypeError, match="float32 CPU activations"):
+        gguf_block_gemm(torch.randn(1, k, dtype=torch.bfloat16), blocks, block_format)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

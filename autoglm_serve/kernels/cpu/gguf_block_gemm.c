@@ -194,6 +194,7 @@ int gguf_block_gemm(int format, const float *x, int64_t m, int64_t k, const uint
                     int64_t n, float *y, int threads) {
     if (k % GROUP || (format != Q4_1 && format != Q8_0)) return -1;
     const int block_bytes = format == Q4_1 ? Q4_1_BLOCK : Q8_0_BLOCK;
+    if (m == 0) return 0;
     if (m <= FEW_ROWS)
         few_rows_gemm(format, x, m, k, w, block_bytes, n, y, threads);
     else

@@ -43,6 +43,9 @@ def available() -> bool:
 
 def gguf_block_gemm(x: torch.Tensor, blocks: torch.Tensor, block_format: int) -> torch.Tensor:
     """x [..., K] float32 @ W^T, W [N, K] given as ``blocks`` [N, K / 32 * BLOCK_BYTES] uint8."""
+    if x.dtype != torch.float32 or x.device.type != "cpu":
+        raise TypeError(f"gguf_block_gemm takes float32 CPU activations, not {x.dtype} on "
+                        f"{x.device.type}")
     k = x.shape[-1]
     n = blocks.shape[0]
     rows = x.reshape(-1, k).contiguous()
