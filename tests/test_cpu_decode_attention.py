@@ -62,3 +62,4 @@ def test_what_it_does_not_take():
     assert not supports(k[:, ::2], v[:, ::2], q)                 # tokens not contiguous
     assert not supports(k[..., :12].contiguous(), v[..., :12].contiguous(),
                         q[:, :12].contiguous())                  # head size not a multiple of 8
+    assert not supports(k[:1], v[:1], q.repeat(2, 1)[:17])       # 17 query heads a KV head

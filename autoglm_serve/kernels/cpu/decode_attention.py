@@ -15,6 +15,8 @@ import torch
 
 from autoglm_serve.kernels.cpu import build
 
+MAX_GROUP, MAX_D = 16, 256      # as decode_attention.c
+
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
@@ -32,10 +34,12 @@ def available() -> bool:
 
 def supports(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor) -> bool:
     """Whether k and v ([Hkv, tokens, D] views) and q ([H, D]) are what the kernel reads:
-    float32 on a CPU, each head's tokens contiguous, both with the same head stride."""
+    float32 on a CPU, each head's tokens contiguous, both with the same head stride, D a
+    multiple of 8 up to MAX_D and at most MAX_GROUP query heads a KV head."""
     return (q.dtype == k.dtype == v.dtype == torch.float32 and k.device.type == "cpu"
             and k.stride()[1:] == (k.shape[2], 1) and v.stride() == k.stride()
-            and q.is_contiguous() and k.shape[2] % 8 == 0 and available())
+            and q.is_contiguous() and k.shape[2] % 8 == 0 and k.shape[2] <= MAX_D
+            and q.shape[0] <= MAX_GROUP * k.shape[0] and available())
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
