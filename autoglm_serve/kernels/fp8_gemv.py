@@ -42,7 +42,6 @@ MAX_ROWS = 8
 DOT_MIN_ROWS = 16
 DTYPES = (torch.bfloat16, torch.float16)
 FP8_MAX = tl.constexpr(448.0)       # constexpr: a global the kernels read
-INV_FP8_MAX = tl.constexpr(1 / 448.0)
 MIN_SCALE = tl.constexpr(1e-12)     # as quantization/fp8.py
 
 # (kind, rows bucket, N, K) -> config (or None: _scaled_mm), from the H200.
@@ -101,7 +100,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr, count_p
     for k in range(0, K, BLOCK_K):
         xa = tl.load(x_tile + k, mask=m_mask & (offs_k[None, :] < K - k), other=0.0)
         amax = tl.maximum(amax, tl.max(tl.abs(xa.to(tl.float32)), axis=1))
-    x_scale = tl.maximum(amax * INV_FP8_MAX, MIN_SCALE)
+    x_scale = tl.maximum(tl.div_rn(amax, FP8_MAX), MIN_SCALE)
     # a multiply per activation, not a division: x * (1 / s) may differ from x / s by an ulp,
     # which moves an e4m3 rounding only at a tie boundary (rare, one ulp of one element)
     x_inv = tl.div_rn(tl.full(x_scale.shape, 1.0, tl.float32), x_scale)

@@ -1,6 +1,6 @@
 """Per-token FP8 activation quantization in one kernel, for the ``torch._scaled_mm`` path
 (more rows than the FP8 GEMV takes): x [M, K] -> (e4m3 [M, K], fp32 scale [M, 1]) with
-scale = max(row amax * (1 / 448), 1e-12) and q = saturate(x / scale), as quantization/fp8.quantize_rows,
+scale = max(row amax / 448, 1e-12) and q = saturate(x / scale), as quantization/fp8.quantize_rows,
 whose four torch ops (abs-amax, divide, clamp, cast) each read or write the whole activation.
 
 One program per row: a pass for the amax, then a pass that writes the quantized row (the second
@@ -17,7 +17,6 @@ from autoglm_serve.kernels.pdl import wait_for_previous_grid
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = tl.constexpr(448.0)       # constexpr: a global the kernels read
-INV_FP8_MAX = tl.constexpr(1 / 448.0)
 MIN_SCALE = tl.constexpr(1e-12)
 
 
@@ -32,9 +31,8 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, BLOCK_K: tl.constexp
     for k in range(0, K, BLOCK_K):
         x = tl.load(x_row + k + offs, mask=offs < K - k, other=0.0)
         amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
-    # the scale as quantization/fp8.quantize_rows makes it; an IEEE division for q (Triton's /
-    # is approximate): bit for bit the torch ops
-    scale = tl.maximum(tl.max(amax, axis=0) * INV_FP8_MAX, MIN_SCALE)
+    # IEEE divisions (Triton's / is approximate): bit for bit the torch ops
+    scale = tl.maximum(tl.div_rn(tl.max(amax, axis=0), FP8_MAX), MIN_SCALE)
     tl.store(s_ptr + row, scale)
     for k in range(0, K, BLOCK_K):
         mask = offs < K - k

@@ -29,9 +29,9 @@ _MIN_SCALE = 1e-12
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[R, C] -> (e4m3 [R, C], float32 scale [R, 1]) with x ~= q * scale, per row."""
     amax = x.abs().amax(dim=-1, keepdim=True).to(torch.float32)
-    # times the reciprocal, not a division: CUDA divides a tensor by a Python number that way
-    # and a CPU does not, so this is the one scale of every device and of the Triton kernels
-    scale = (amax * (1 / FP8_MAX)).clamp_min(_MIN_SCALE)
+    # divided by a tensor on amax's device: CUDA divides by a Python number through its
+    # reciprocal (an ulp off at times), a CPU does not; the Triton kernels divide exactly too
+    scale = (amax / torch.full_like(amax, FP8_MAX)).clamp_min(_MIN_SCALE)
     q = (x.to(torch.float32) / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return q, scale
 
