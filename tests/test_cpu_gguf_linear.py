@@ -53,6 +53,8 @@ def test_products_match_a_float64_matmul_at_every_row_count(block_format, n, k):
     assert gguf_block_gemm(torch.randn(0, k), blocks, block_format).shape == (0, n)
     with pytest.raises(TypeError, match="float32 CPU activations"):
         gguf_block_gemm(torch.randn(1, k, dtype=torch.bfloat16), blocks, block_format)
+    with pytest.raises(ValueError, match="are not format"):     # another K's blocks
+        gguf_block_gemm(torch.randn(1, k + 32), blocks, block_format)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -48,11 +48,15 @@ def gguf_block_gemm(x: torch.Tensor, blocks: torch.Tensor, block_format: int) ->
                         f"{x.device.type}")
     k = x.shape[-1]
     n = blocks.shape[0]
+    if (blocks.dtype != torch.uint8 or not blocks.is_contiguous() or k % GROUP_SIZE
+            or blocks.shape[1] != k // GROUP_SIZE * BLOCK_BYTES[block_format]):
+        raise ValueError(f"gguf_block_gemm: blocks {tuple(blocks.shape)} {blocks.dtype} are not "
+                         f"format {block_format}'s for K={k}")
     rows = x.reshape(-1, k).contiguous()
     out = torch.empty(rows.shape[0], n, dtype=torch.float32)
     status = _library().gguf_block_gemm(block_format, rows.data_ptr(), rows.shape[0], k,
                                         blocks.data_ptr(), n, out.data_ptr(),
                                         torch.get_num_threads())
     if status:
-        raise ValueError(f"gguf_block_gemm: K={k} is not a multiple of {GROUP_SIZE}")
+        raise ValueError(f"gguf_block_gemm: the kernel refused K={k}, format {block_format}")
     return out.reshape(*x.shape[:-1], n)
