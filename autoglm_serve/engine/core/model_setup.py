@@ -115,13 +115,12 @@ def load_model(settings, device: torch.device) -> LoadedModel:
         if converted := use_int4_where_4bit(model):
             described += f"; {converted} linears already 4-bit: int4 CPU kernel for decode"
     if qconfig is None and device.type == "cpu" and dtype == torch.float32:
+        # GGUF blocks first; oneDNN takes the linears (and LM head) that are not blocks
         taken = use_gguf_block_linears(model)
         if any(taken.values()):
             described += "; " + ", ".join(f"{count} {name}" for name, count in taken.items()
                                           if count) + " linears read as GGUF blocks"
-    if (qconfig is None and device.type == "cpu" and dtype == torch.float32
-            and onednn_linear_available()):
-        if moved := use_onednn_linears(model):
+        if onednn_linear_available() and (moved := use_onednn_linears(model)):
             described += f"; {moved} float32 linears through oneDNN"
     if config.mm_encoder_quantization == "fp8":
         if not hasattr(model, "visual"):

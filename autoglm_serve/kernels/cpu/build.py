@@ -3,8 +3,8 @@
 Each `NAME.c` becomes a shared library compiled for AVX2 and FMA with OpenMP (the same libgomp
 that torch loaded, so both share one thread pool) and without FMA contraction (the kernels say
 where they round). Libraries are kept in the derived-files cache (derived_cache.py), keyed by the
-source, this folder's headers and the compiler's version. Without a compiler ($CC, else gcc) or AVX2 a kernel is simply
-not available and its callers keep their PyTorch path.
+source, this folder's headers and the compiler's version. Without a compiler ($CC, else gcc) or
+AVX2 a kernel is simply not available and its callers keep their PyTorch path.
 """
 from __future__ import annotations
 

@@ -30,13 +30,17 @@ def _as_bytes(values: torch.Tensor) -> torch.Tensor:
     return values.contiguous().view(torch.uint8)
 
 
+def _groups(weight: torch.Tensor) -> torch.Tensor | None:
+    """``weight`` [N, K] as [N, K / 32, 32] groups along K, or None where K is no multiple of 32."""
+    n, k = weight.shape
+    return None if k % GROUP_SIZE else weight.detach().reshape(n, k // GROUP_SIZE, GROUP_SIZE)
+
+
 def q4_1_blocks(weight: torch.Tensor) -> torch.Tensor | None:
     """``weight`` [N, K] float32 as Q4_1 blocks, or None where it is not exactly Q4_1: each group
     of 32 along K is m + d * q (q in 0..15; d, m fp16), the GGUF reader's float32 rounding."""
-    n, k = weight.shape
-    if k % GROUP_SIZE:
+    if (groups := _groups(weight)) is None:
         return None
-    groups = weight.detach().reshape(n, k // GROUP_SIZE, GROUP_SIZE)
     low = groups.amin(-1, keepdim=True)   # q = 0 is the group's minimum (llama.cpp's Q4_1)
     span = groups.amax(-1, keepdim=True) - low
     if not _fp16_exact(low):
@@ -50,22 +54,20 @@ def q4_1_blocks(weight: torch.Tensor) -> torch.Tensor | None:
         return None
     q = q.to(torch.uint8)
     nibbles = q[..., :16] | (q[..., 16:] << 4)
-    return torch.cat([_as_bytes(scale), _as_bytes(low), nibbles], dim=-1).reshape(n, -1)
+    return torch.cat([_as_bytes(scale), _as_bytes(low), nibbles], dim=-1).flatten(1)
 
 
 def q8_0_blocks(weight: torch.Tensor) -> torch.Tensor | None:
     """``weight`` [N, K] float32 as Q8_0 blocks, or None where it is not exactly Q8_0: each group
     of 32 along K is d * q (q in -127..127; d fp16)."""
-    n, k = weight.shape
-    if k % GROUP_SIZE:
+    if (groups := _groups(weight)) is None:
         return None
-    groups = weight.detach().reshape(n, k // GROUP_SIZE, GROUP_SIZE)
     scale = (groups.abs().amax(-1, keepdim=True) / 127).half().float()
     q = torch.where(scale > 0, groups / scale.clamp_min(1e-30), 0).round_()
     if not (q.abs() <= 127).all() or not torch.equal(scale * q, groups):
         return None
     q = q.to(torch.int8).view(torch.uint8)
-    return torch.cat([_as_bytes(scale), q], dim=-1).reshape(n, -1)
+    return torch.cat([_as_bytes(scale), q], dim=-1).flatten(1)
 
 
 def gguf_blocks(weight: torch.Tensor) -> tuple[int, torch.Tensor] | None:
