@@ -1,0 +1,153 @@
+"""Where one phone agent's time to first token goes: the server's steps beside each request.
+
+    python3 scripts/gpu/ttft_timeline.py [--steps 8] [--server-args "..."]
+    python3 scripts/gpu/ttft_timeline.py --smoke     # CPU, a tiny GLM-4.1V (checks the script)
+
+Starts the server as scripts/gpu/phone_agent_bench.py does (AutoGLM-Phone-9B, random weights,
+--step-trace), then sends one agent's episode, step after step (Open-AutoGLM's sampling, 128
+tokens, --ignore-eos), with wall-clock times. For each request, the trace's steps that ended
+between its send and its first token split the TTFT into: before the first step that did its
+work (HTTP, image decoding and hashing, tokenization, the hop to the core), the steps running
+its vision blocks, the steps computing its prompt, and after the step that sampled its first
+token (the token's way back to the client). Also times the server's image loading alone
+(multimodal/media.py) on this host's CPU. Prints a table, writes $OUT/ttft_timeline.json.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+
+import httpx
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from autoglm_serve.bench.phone_agent import PhoneEpisode, TASKS  # noqa: E402
+from autoglm_serve.bench.screenshots import screenshot_png_base64  # noqa: E402
+from autoglm_serve.bench.server_process import ServerProcess, free_port  # noqa: E402
+
+
+async def send(client: httpx.AsyncClient, base: str, model: str, messages, max_tokens: int):
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "stream": True,
+            "temperature": 0, "top_p": 0.85, "frequency_penalty": 0.2, "ignore_eos": True}
+    sent = time.time()
+    first = None
+    text = []
+    async with client.stream("POST", base + "/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            delta = json.loads(line[6:])["choices"]
+            if delta and delta[0]["delta"].get("content"):
+                first = first or time.time()
+                text.append(delta[0]["delta"]["content"])
+    return sent, first, time.time(), "".join(text)
+
+
+def attribute(steps: list[dict], sent: float, first: float) -> dict:
+    """The request's TTFT in parts, from the steps that ended inside (sent, first]."""
+    mine = [s for s in steps if sent < s["t"] <= first]
+    work = [s for s in mine if s.get("encoder_tokens") or s["prompt_tokens"]]
+    if not work:
+        return {"steps": len(mine)}
+    begin = work[0]["t"] - work[0]["ms"] / 1e3
+    return dict(
+        ttft_ms=1e3 * (first - sent), before_ms=1e3 * (begin - sent),
+        vision_ms=sum(s["ms"] for s in work if s.get("encoder_tokens")),
+        prompt_ms=sum(s["ms"] for s in work if not s.get("encoder_tokens")),
+        after_ms=1e3 * (first - work[-1]["t"]), steps=len(mine), work_steps=len(work),
+        prompt_tokens=sum(s["prompt_tokens"] for s in work),
+        encoder_tokens=sum(s.get("encoder_tokens", 0) for s in work),
+        launch_ms=sum(s.get("launch_ms", 0) for s in work),
+        encode_ms=sum(s.get("encode_ms", 0) for s in work),
+        wait_ms=sum(s.get("wait_ms", 0) for s in work),
+        sync_ms=sum(s.get("sync_ms") or 0 for s in work))
+
+
+def media_load_ms(image_b64: str, repeats: int = 5) -> float:
+    from autoglm_serve.multimodal.media import MediaLoader
+    loader, url, times = MediaLoader(), f"data:image/png;base64,{image_b64}", []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        loader.load(url)
+        times.append(1e3 * (time.perf_counter() - t))
+    return statistics.median(times)
+
+
+async def episode(base: str, model: str, steps: int, max_tokens: int, seed: int) -> list:
+    ep = PhoneEpisode(0, TASKS[seed % len(TASKS)])
+    out = []
+    async with httpx.AsyncClient(timeout=300) as client:
+        for step in range(steps):
+            messages = ep.add_screen(step, screenshot_png_base64(seed, 0, step))
+            sent, first, end, text = await send(client, base, model, messages, max_tokens)
+            out.append((sent, first, end))
+            ep.add_reply(text or "<think>ok</think><answer>do(action=\"Back\")</answer>")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--server-args", default="")
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/ttft_timeline"))
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    serve = [sys.executable, "-m", "autoglm_serve.cli", "serve"]
+    model = "autoglm-phone-9b"
+    if args.smoke:
+        from tests.glm4v_fixtures import make_tiny_glm4v
+        path = make_tiny_glm4v(os.path.join(args.out, "tiny-glm4v"))
+        serve += [str(path), "--max-model-len", "4096", "--mm-processor-kwargs",
+                  '{"max_pixels": 200000}']
+        args.steps, args.max_tokens = 3, 8
+    else:
+        serve += [model, "--load-format", "dummy", "--max-model-len", "25480",
+                  "--mm-processor-kwargs", '{"max_pixels": 5000000}',
+                  "--limit-mm-per-prompt", '{"image":10}']
+    trace = os.path.join(args.out, "steps.jsonl")
+    port = free_port()
+    serve += ["--served-model-name", model, "--host", "127.0.0.1", "--port", str(port),
+              "--step-trace", trace] + args.server_args.split()
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
+    server = ServerProcess(serve, port, os.path.join(args.out, "server.log"), env=env,
+                           cwd=ROOT).start(timeout_s=600)
+    try:
+        # a first episode warms what a first request pays once (compiles, plans)
+        asyncio.run(episode(server.base_url, model, 2, args.max_tokens, 100))
+        times = asyncio.run(episode(server.base_url, model, args.steps, args.max_tokens, 1))
+    finally:
+        server.stop()
+    with open(trace) as f:
+        steps = [json.loads(line) for line in f]
+    rows = [dict(step=i, **attribute(steps, sent, first), step_ms=1e3 * (end - sent))
+            for i, (sent, first, end) in enumerate(times)]
+    load_ms = media_load_ms(screenshot_png_base64(1, 0, 0))
+    keys = ("ttft_ms", "before_ms", "vision_ms", "prompt_ms", "after_ms", "step_ms")
+    print(f"the server's image loading alone (decode, RGB, hash) on this CPU: {load_ms:.1f} ms")
+    print("| step | TTFT ms | before ms | vision steps ms | prompt steps ms | after ms | "
+          "step latency ms | work steps | prompt tokens | vision tokens |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        cells = " | ".join(f"{r[k]:.1f}" if k in r else "—" for k in keys)
+        print(f"| {r['step']} | {cells} | {r.get('work_steps', '—')} | "
+              f"{r.get('prompt_tokens', '—')} | {r.get('encoder_tokens', '—')} |")
+    full = [r for r in rows if "ttft_ms" in r]
+    if full:
+        med = {k: statistics.median(r[k] for r in full) for k in keys}
+        print("| median | " + " | ".join(f"{med[k]:.1f}" for k in keys) + " | | | |")
+    with open(os.path.join(args.out, "ttft_timeline.json"), "w") as f:
+        json.dump(dict(rows=rows, media_load_ms=load_ms, server_args=serve,
+                       trace=[s for s in steps if times[0][0] <= s["t"]]), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
