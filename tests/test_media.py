@@ -41,29 +41,30 @@ def _gradient(w: int = 64, h: int = 48) -> Image.Image:
 def test_data_url_formats(fmt, mime):
     image = _gradient()
     loaded = MediaLoader().load(_data_url(_encode(image, fmt), mime))
-    assert loaded.image.mode == "RGB" and loaded.image.size == image.size and loaded.source == "data"
+    assert loaded.pixels.shape == (image.height, image.width, 3) and loaded.source == "data"
     if fmt == "PNG":
-        assert loaded.image.tobytes() == image.tobytes()
+        assert loaded.pixels.numpy().tobytes() == image.tobytes()
 
 
 def test_screenshot_loads_and_hash_depends_on_pixels_not_encoding():
     data = SCREENSHOT.read_bytes()
     loaded = MediaLoader().load(_data_url(data))
-    assert loaded.image.size == (1080, 2400)
+    assert loaded.pixels.shape == (2400, 1080, 3)
     # same pixels re-encoded (lossless WebP) -> same hash; one pixel changed -> different hash
-    webp = _encode(loaded.image, "WEBP", lossless=True)
+    image = Image.fromarray(loaded.pixels.numpy())
+    webp = _encode(image, "WEBP", lossless=True)
     assert MediaLoader().load(_data_url(webp, "image/webp")).content_hash == loaded.content_hash
-    changed = loaded.image.copy()
+    changed = image.copy()
     changed.putpixel((0, 0), (1, 2, 3) if changed.getpixel((0, 0)) != (1, 2, 3) else (4, 5, 6))
     assert image_content_hash(changed) != loaded.content_hash
     # same bytes, different shape -> different hash
-    flat = Image.frombytes("RGB", (2400, 1080), loaded.image.tobytes())
+    flat = Image.frombytes("RGB", (2400, 1080), image.tobytes())
     assert image_content_hash(flat) != loaded.content_hash
 
 
 def test_hash_is_sha256_of_size_and_rgb_bytes_and_those_bytes_are_the_pixels():
     loaded = MediaLoader().load(_data_url(SCREENSHOT.read_bytes()))
-    rgb = loaded.image.tobytes()
+    rgb = Image.open(SCREENSHOT).convert("RGB").tobytes()     # Pillow's decoding
     assert loaded.content_hash == hashlib.sha256(b"1080x2400:" + rgb).hexdigest()
     assert loaded.pixels.dtype == torch.uint8 and loaded.pixels.shape == (2400, 1080, 3)
     assert loaded.pixels.numpy().tobytes() == rgb
@@ -72,7 +73,7 @@ def test_hash_is_sha256_of_size_and_rgb_bytes_and_those_bytes_are_the_pixels():
 def test_rgba_is_composited_on_white():
     rgba = Image.new("RGBA", (4, 4), (10, 20, 30, 0))
     loaded = MediaLoader().load(_data_url(_encode(rgba)))
-    assert loaded.image.getpixel((0, 0)) == (255, 255, 255)
+    assert loaded.pixels[0, 0].tolist() == [255, 255, 255]
 
 
 @pytest.mark.parametrize("url", [
@@ -146,7 +147,7 @@ def test_file_urls_only_inside_the_media_dir(tmp_path):
 
     loader = MediaLoader(MediaPolicy(local_media_dir=str(root)))
     assert loader.load(f"file://{root}/sub/ok.png").source == "file"
-    assert loader.load(f"file://{root}/sub/../sub/ok.png").image.size == (64, 48)
+    assert loader.load(f"file://{root}/sub/../sub/ok.png").pixels.shape == (48, 64, 3)
     with pytest.raises(MediaError, match="outside"):
         loader.load(f"file://{root}/../secret.png")            # .. escape
     with pytest.raises(MediaError, match="outside"):
@@ -209,8 +210,8 @@ def test_http_off_by_default(server):
 def test_http_allowed_host(server):
     loader = MediaLoader(MediaPolicy(allowed_domains=("127.0.0.1",)))
     loaded = loader.load(server + "/img.png")
-    assert loaded.source == "http" and loaded.image.size == (64, 48)
-    assert loader.load(server + "/redirect-ok").image.size == (64, 48)
+    assert loaded.source == "http" and loaded.pixels.shape == (48, 64, 3)
+    assert loader.load(server + "/redirect-ok").pixels.shape == (48, 64, 3)
     with pytest.raises(MediaError, match="not in the allowed"):
         loader.load(server + "/redirect-away")
     with pytest.raises(MediaError, match="too many"):

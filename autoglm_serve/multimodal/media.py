@@ -28,7 +28,8 @@ from urllib.parse import unquote, urljoin, urlsplit
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from autoglm_serve.multimodal.image_processor import rgb_pixels, to_rgb
+from autoglm_serve.multimodal.image_processor import rgb_pixels
+from autoglm_serve.multimodal.png_decode import spng_rgb_pixels
 
 ALLOWED_FORMATS = {"PNG": "png", "JPEG": "jpeg", "WEBP": "webp"}
 _DATA_URL = re.compile(r"^data:image/(png|jpeg|jpg|webp);base64,", re.IGNORECASE)
@@ -51,17 +52,18 @@ class MediaPolicy:
 
 @dataclass
 class LoadedImage:
-    image: Image.Image      # RGB, fully decoded
+    pixels: torch.Tensor    # the RGB bytes, (H, W, 3) uint8: the ones hashed, the ones the engine gets
     content_hash: str       # sha256 hex of size + RGB bytes: same pixels => same key, whatever the encoding
     source: str             # "data", "file", "http" or "pil"
-    pixels: torch.Tensor    # the RGB bytes, (H, W, 3) uint8: the ones hashed, the ones the engine gets
 
     @classmethod
     def of(cls, image: Image.Image, source: str) -> "LoadedImage":
-        """``image`` as RGB, its pixels and their hash."""
-        rgb = to_rgb(image)
-        pixels = rgb_pixels(rgb)
-        return cls(rgb, pixels_content_hash(pixels), source, pixels)
+        """``image``'s RGB pixels (transparency over white) and their hash."""
+        return cls.of_pixels(rgb_pixels(image), source)
+
+    @classmethod
+    def of_pixels(cls, pixels: torch.Tensor, source: str) -> "LoadedImage":
+        return cls(pixels, pixels_content_hash(pixels), source)
 
 
 def pixels_content_hash(pixels: torch.Tensor) -> str:
@@ -104,7 +106,7 @@ class MediaLoader:
                 raise MediaError("image_url must be a data:image/...;base64 URL"
                                  + (", a file:// URL" if self._root else "")
                                  + (", or an http(s) URL of an allowed domain" if self.policy.allowed_domains else ""))
-        return LoadedImage.of(self._decode(data), source)
+        return LoadedImage.of_pixels(self._decode(data), source)
 
     # ---- sources ----
     def _from_data_url(self, url: str) -> bytes:
@@ -181,7 +183,8 @@ class MediaLoader:
             raise MediaError(f"fetching the image failed ({type(exc).__name__})") from None
 
     # ---- decoding ----
-    def _decode(self, data: bytes) -> Image.Image:
+    def _decode(self, data: bytes) -> torch.Tensor:
+        """The image's RGB pixels, (H, W, 3) uint8, transparency composited over white."""
         if len(data) > self.policy.max_encoded_bytes:
             raise MediaError(f"image is larger than the {self.policy.max_encoded_bytes} byte limit")
         try:
@@ -194,6 +197,9 @@ class MediaLoader:
                     raise MediaError("image has no pixels")
                 if width * height > self.policy.max_pixels:
                     raise MediaError(f"image is {width}x{height}; at most {self.policy.max_pixels} pixels are accepted")
+                pixels = spng_rgb_pixels(image, data)     # a phone screenshot's PNG, fast
+                if pixels is not None:
+                    return pixels
                 image.seek(0)           # animated PNG/WebP: the first frame
                 image.load()
         except MediaError:
@@ -202,6 +208,6 @@ class MediaLoader:
             raise MediaError(f"image has more than {self.policy.max_pixels} pixels") from None
         except UnidentifiedImageError:
             raise MediaError("image data is not a PNG, JPEG or WebP image") from None
-        except (OSError, SyntaxError, ValueError, EOFError):
+        except (OSError, SyntaxError, ValueError, EOFError):   # PngDecodeError too
             raise MediaError("image data is corrupt or truncated") from None
-        return to_rgb(image)     # the image processor's rule: transparency over white
+        return rgb_pixels(image)     # the image processor's rule: transparency over white
