@@ -5,14 +5,15 @@ written checkpoint, and greedy answers to fixed questions.
 The source is the package's Q4_1 GGUF dequantized: every weight already sits on a 16-level grid
 per 32 inputs, w = d*q + m with a float offset m, which no int4 grid with an integer zero point
 (nor a symmetric one) can reproduce; re-quantizing it costs what quantizing twice costs.
-Measured (2026-12-01, float32 checkpoints, 16 calibration samples): unquantized 22.09; RTN group
+Measured (2026-12-04, float32 checkpoints, 16 calibration samples): unquantized 22.09; RTN group
 32 with zero points (scale and zero point searched together) 24.23 (+9.7%); GPTQ group 32
-act-order with zero points 25.50 (+15.4%, target 3%; 24.6-25.1 with other sets of 16-47
+act-order with zero points 25.61 (+15.9%, target 3%; 24.6-25.1 with other sets of 16-47
 samples): not better than RTN here (its compensation moves weights off the alignments RTN's
 search found; calibrated on this very text it reaches +2.2%); FP8 (weights, scales searched,
-and per-token activations) 22.42 (+1.5%; the per-token activations alone cost +1.1%, target 1%).
-RTN, GPTQ and FP8 all keep the greedy answer "Paris".
-The bounds below hold what is measured.
+and per-token activations) 22.00 (-0.4%, target 1%; 22.42 on 2026-12-01, before the FP8 scale
+changes since; the same 22.00 comes out of a per-token fake quantization of our own, so
+transformers does apply the activation quantization). RTN, GPTQ and FP8 all keep the greedy
+answer "Paris". The bounds below hold what is measured; FP8's is the issue's 1%.
 """
 import copy
 import math
@@ -80,7 +81,7 @@ def results(checkpoints):
 
 
 def test_fp8_perplexity_bounded(results):
-    assert results["fp8"][0] <= results["unquantized"][0] * 1.02
+    assert results["fp8"][0] <= results["unquantized"][0] * 1.01
 
 
 def test_w4a16_perplexity_bounded(results):
