@@ -23,12 +23,13 @@ def warm_up(self: EngineCore) -> None:
     (a compile costs about a second of TTFT)."""
     start = time.monotonic()
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
-    # [1] * 11: an eager step of 11 rows, each sampled. Triton specializes the decode GEMVs'
-    # row count when it is a multiple of 16, so the 16-row CUDA graph compiles only that
-    # variant; eager steps of 9-15 rows (a phone agent's short text before its screenshot, a
-    # mixed step) compiled the others while serving, 1.2 s on the H200, and the LM head's when
-    # 9-15 rows sampled at once. The last [48] hits the prefix cache.
-    lengths = [[17], [1] * 11, [5, 16, 33, 1], [48], [48]]
+    # Triton specializes the decode GEMVs' row count when it is a multiple of 16, so the
+    # 16-row CUDA graph compiles only that variant, and eager steps of 9-15 rows compiled the
+    # others while serving (1.2 s on the H200): [11] runs the linears at 11 rows (a phone
+    # agent's short text before its screenshot), [2] * 11 the LM head (eleven rows sampled in
+    # a mixed step; one-token prompts would run as a decode graph). The last [48] hits the
+    # prefix cache.
+    lengths = [[17], [11], [2] * 11, [5, 16, 33, 1], [48], [48]]
     for i, group in enumerate(lengths):
         for j, n in enumerate(group):
             if n + 3 >= self.max_model_len:
