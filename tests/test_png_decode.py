@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, PngImagePlugin
 
 from autoglm_serve.multimodal.image_processor import rgb_pixels
 from autoglm_serve.multimodal.media import MediaError, MediaLoader
@@ -57,8 +57,15 @@ def _opaque_rgba() -> Image.Image:
     return image
 
 
+def _gamma_chunk() -> PngImagePlugin.PngInfo:
+    info = PngImagePlugin.PngInfo()
+    info.add(b"gAMA", (45455).to_bytes(4, "big"))      # neither decoder applies it
+    return info
+
+
 @pytest.mark.parametrize("name,data", [
     ("rgb", _png(_random("RGB"))),
+    ("rgb with a gAMA chunk", _png(_random("RGB"), pnginfo=_gamma_chunk())),
     ("opaque rgba (adb screencap's kind)", _png(_opaque_rgba())),
     ("the sample screenshot", SCREENSHOT.read_bytes()),
 ])

@@ -1,9 +1,10 @@
 """Phone screenshots' PNGs decoded by libspng (pyspng) instead of Pillow.
 
 A phone agent sends a 1080x2400 PNG every step and the server decodes it before the engine
-sees the request, so the decode is part of each step's time to first token: Pillow took 40-52
-ms for one (decode and the copy out of its 4-bytes-a-pixel storage) on the H200 machine's Xeon,
-pyspng 18 ms here, straight into the (H, W, 3) array the engine takes (BENCHMARKS.md).
+sees the request, so the decode is part of each step's time to first token. On the H200
+machine's Xeon the server's whole image load took 40-52 ms with Pillow (its decode, then a copy
+out of its 4-bytes-a-pixel storage) and 15 ms with pyspng, which decodes straight into the
+(H, W, 3) array the engine takes (BENCHMARKS.md).
 pyspng holds the GIL while it decodes; Pillow lets go of it in slices but holds the CPU longer.
 
 Only 8-bit RGB PNGs and 8-bit RGBA PNGs whose every pixel is opaque come this way (Android's
