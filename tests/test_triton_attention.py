@@ -74,7 +74,7 @@ def test_decode_merge_in_kernel(dtype, partitions, min_chunk):
     # counters must come back to zero); contexts from one token to 20k.
     lens = [1, 65, 700, 4096] + _lens(100, 20000, 4)
     b = make_batch(lens, [], block_size=16, dtype=dtype, device=DEV, padding_rows=2, **MODEL)
-    check_decode_merge(DecodeSplit(partitions, min_chunk), b)
+    check_decode_merge(DecodeSplit(partitions, min_chunk, 132), b)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
