@@ -35,7 +35,8 @@ def compile_for(kernel, constexprs: dict, arch: int, num_warps: int, num_stages:
         if name in constexprs:
             sig[name] = "constexpr"
         elif name.endswith("_ptr"):
-            sig[name] = ("*fp32" if name.startswith("part_") else
+            sig[name] = ("*fp32" if name.startswith(("part_", "cos_", "sin_")) else
+                         "*i64" if name == "slot_ptr" else
                          "*i32" if name in INT_POINTERS else "*bf16")
         elif name in ("scale_log2", "parts_scale"):
             sig[name] = "fp32"
@@ -52,9 +53,11 @@ def compile_for(kernel, constexprs: dict, arch: int, num_warps: int, num_stages:
 
 def shared_memory(arch: int) -> dict[str, int]:
     """Bytes of shared memory each kernel needs on sm_<arch>, as the launchers configure it
-    (decode at 16 rows: the phone agents' batch)."""
+    (decode at 16 rows, the phone agents' batch, writing its K/V with GLM's rotary as the
+    engine's decode steps do)."""
     heads = (HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, torch.bfloat16, torch.bfloat16)
-    decode = pa.decode_shape(*heads, pa.decode_split(16, KV_HEADS, 132))
+    decode = pa.decode_shape(*heads, pa.decode_split(16, KV_HEADS, 132), pa.DECODE_TILES,
+                             True, HEAD_DIM // 4, True)
     prefill = pa.prefill_shape(*heads)
     return {"decode": compile_for(pa._decode_kernel, dict(decode.constexprs, PDL=arch >= 90),
                                   arch, decode.num_warps, decode.num_stages).metadata.shared,

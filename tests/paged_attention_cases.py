@@ -133,9 +133,10 @@ def check_backend_with_rotary(backend, batch: Batch, rotary: RotaryEmbedding,
                               positions: torch.Tensor | None = None,
                               column_major_tables: bool = False) -> float:
     """A backend that fuses rotary, fed un-rotated q/k plus this step's Rope, against the oracle
-    fed q/k rotated by RotaryEmbedding's PyTorch path (on the CPU): q must come back rotated in
-    place, the slots of this step must hold the oracle's rotated K and V and every other cache
-    element must be untouched (padding rows write nothing), and the outputs must agree. Returns
+    fed q/k rotated by RotaryEmbedding's PyTorch path (on the CPU): the slots of this step must
+    hold the oracle's rotated K and V and every other cache element must be untouched (padding
+    rows write nothing), and the outputs must agree (which they cannot with q rotated wrong:
+    whether q is rotated in place or in registers is the backend's business). Returns
     the output's relative error. positions (CPU; [T], or [3, T] for M-RoPE) are drawn at random
     unless given; column_major_tables hands the kernel cos/sin with strided rows."""
     device = batch.q.device
@@ -158,7 +159,6 @@ def check_backend_with_rotary(backend, batch: Batch, rotary: RotaryEmbedding,
     backend.forward(q, batch.k.clone(), batch.v, cache, batch.meta, batch.scale, out=out,
                     rope=Rope(cos, sin, rotary.interleaved))
     tol = TOLERANCE[batch.q.dtype]
-    assert rel_err(q, ref_q) < tol, "q not rotated in place"
     slots = batch.meta.slot_mapping[batch.meta.slot_mapping >= 0]
     blocks, offsets = slots // cache.shape[3], slots % cache.shape[3]
     assert rel_err(cache[:, blocks, :, offsets], ref_cache[:, blocks, :, offsets]) < tol, \

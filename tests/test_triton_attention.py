@@ -207,7 +207,6 @@ def test_cuda_graph_decode_replay(backend, fused_rotary):
         got_cache = cache[:, :b.kv_cache.shape[1]].nan_to_num(0.0)
         if fused_rotary:
             assert rel_err(got_cache, ref_cache) < TOLERANCE[dtype]
-            assert rel_err(q, ref_q) < TOLERANCE[dtype]
         else:
             assert torch.equal(got_cache, ref_cache)
         assert rel_err(out, ref) < TOLERANCE[dtype]

@@ -221,3 +221,61 @@ def test_self_check_failure_falls_back_to_the_torch_backend(tmp_path, monkeypatc
     runner.check_backend()
     assert runner.backend.name == "torch"
     assert all(layer.backend is runner.backend for layer in runner.attention_layers)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("interleaved,head_dim,rotary_dim", [(True, 32, 16), (False, 16, 16)])
+def test_decode_kernel_writes_kv_as_the_write_kernel(dtype, interleaved, head_dim, rotary_dim):
+    # A batch of decodes alone: the decode kernel rotates q and k itself and writes the K/V.
+    # The cache must be bit for bit the write kernel's, the outputs those of the two-launch
+    # path (a one-token context, a partition boundary, split-K, a padding row).
+    from autoglm_serve.models.layers.attention import Rope
+    from autoglm_serve.models.layers.rotary import RotaryEmbedding
+    rotary = RotaryEmbedding(head_dim, rotary_dim, 1024, 10000.0, interleaved)
+    b = make_batch([1, 64, 65, 700], [], num_heads=4, num_kv_heads=2, head_dim=head_dim,
+                   block_size=16, dtype=dtype, device="cpu", padding_rows=1)
+    rope = Rope(*rotary.cos_sin(torch.randint(0, 1024, (b.q.shape[0],))), interleaved)
+    results = []
+    for fused in (True, False):
+        cache, q = b.kv_cache.clone(), b.q.clone()
+        out = torch.full_like(q, float("nan"))
+        TritonAttentionBackend(fuse_decode_kv_write=fused).forward(
+            q, b.k, b.v, cache, b.meta, b.scale, out=out, rope=rope)
+        results.append((out, cache, q))
+    (out, cache, q), (ref_out, ref_cache, _) = results
+    assert torch.equal(cache.isnan(), ref_cache.isnan())
+    assert torch.equal(cache.nan_to_num(0.0), ref_cache.nan_to_num(0.0))
+    assert not out[:4].isnan().any() and not out[4].any()    # the padding row: zeros
+    assert (out - ref_out).abs().max() < (1e-5 if dtype == torch.float32 else 2e-2)
+    assert torch.equal(q, b.q), "q is rotated in registers, not in place"
+
+
+def test_self_check_compares_the_decode_kernels_write(monkeypatch):
+    from autoglm_serve.kernels.paged_attention import NewTokenKV
+    from autoglm_serve.models.layers import triton_attention
+    backend = TritonAttentionBackend()
+    assert backend.self_check(torch.device("cpu"), torch.float32, 4, 2, 32)
+    # the decode kernel's K/V written to the wrong slot: the self-check must see it
+    monkeypatch.setattr(triton_attention, "NewTokenKV", lambda k, v, slots, *rope: NewTokenKV(
+        k, v, torch.zeros_like(slots), *rope))
+    assert not backend.self_check(torch.device("cpu"), torch.float32, 4, 2, 32)
+
+
+def test_decode_kernel_writes_nothing_for_slot_minus_one():
+    # A CUDA graph's capture runs its decode rows with a context and slot -1: the decode kernel
+    # must write no K/V for them (as the write kernel), not below slot 0 into other memory.
+    b = make_batch([40, 70], [], num_heads=4, num_kv_heads=2, head_dim=16, block_size=16,
+                   dtype=torch.float32, device="cpu")
+    b.meta.slot_mapping[0] = -1
+    arena = torch.full((3,) + b.kv_cache.shape, 7.0)     # the cache with memory on both sides
+    arena[1] = b.kv_cache
+    out = torch.full_like(b.q, float("nan"))
+    TritonAttentionBackend().forward(b.q, b.k, b.v, arena[1], b.meta, b.scale, out=out)
+    assert torch.equal(arena[0], torch.full_like(arena[0], 7.0))
+    assert torch.equal(arena[2], torch.full_like(arena[2], 7.0))
+    written = arena[1].nan_to_num(0.0) != b.kv_cache.nan_to_num(0.0)
+    slot = int(b.meta.slot_mapping[1])
+    expected = torch.zeros_like(written)
+    expected[:, slot // 16, :, slot % 16] = True
+    assert torch.equal(written | expected, expected), "written outside row 1's slot"
+    assert not out.isnan().any()

@@ -36,6 +36,34 @@ def rotate_pairs(base, i1, i2, cos, sin, mask):
 
 
 @triton.jit
+def load_rotated(base, d, mask, cos_row, sin_row, stride_cos_f, stride_sin_f,
+                 ROTARY_HALF: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """The tile base + d (rows x features) with the first 2 * ROTARY_HALF features of each row
+    rotated in registers, bit for bit as rotate_loaded: each feature is combined with its pair's
+    other member, loaded a second time, so nothing is stored back (the decode kernel rotates q
+    and the new k this way)."""
+    x = tl.load(base + d, mask=mask, other=0.0)
+    if ROTARY_HALF == 0:
+        return x
+    rotated = d < 2 * ROTARY_HALF
+    if INTERLEAVED:
+        freq = d // 2
+        first = d % 2 == 0
+        partner = d ^ 1
+    else:
+        first = d < ROTARY_HALF
+        freq = tl.where(first, d, d - ROTARY_HALF)
+        partner = tl.where(first, d + ROTARY_HALF, d - ROTARY_HALF)
+    y = tl.load(base + tl.where(rotated, partner, d), mask=mask & rotated, other=0.0)
+    c = _rounded(tl.load(cos_row + freq * stride_cos_f, mask=rotated, other=0.0), x.dtype)
+    s = _rounded(tl.load(sin_row + freq * stride_sin_f, mask=rotated, other=0.0), x.dtype)
+    # the pair's first member: x*cos - y*sin; its second: x*cos + y*sin (y its first member)
+    xc = _rounded(x.to(tl.float32) * c, x.dtype)
+    ys = _rounded(y.to(tl.float32) * s, x.dtype)
+    return tl.where(rotated, tl.where(first, xc - ys, xc + ys).to(x.dtype), x)
+
+
+@triton.jit
 def rotate_loaded(x1, x2, cos, sin):
     """rotate_pairs on values already loaded."""
     c = _rounded(cos, x1.dtype)

@@ -2,7 +2,8 @@
 
 Cache layout (see models/layers/attention.py):
 ``[2, num_blocks, num_kv_heads, block_size, head_dim]``, this step's K/V already written to it
-(kernels/kv_write.py). Two kernels:
+(kernels/kv_write.py), or, for a batch of decodes alone, written by the decode kernel itself.
+Two kernels:
 
 - ``decode_attention``: one query token per sequence. A program owns one (sequence, KV head,
   context partition) and puts the whole GQA group of query heads in the M dim of ``tl.dot``, so each
@@ -28,6 +29,7 @@ import triton
 import triton.language as tl
 
 from autoglm_serve.kernels import pdl
+from autoglm_serve.kernels.kv_write import load_rotated
 from autoglm_serve.kernels.pdl import wait_for_previous_grid
 
 LOG2E = 1.4426950408889634
@@ -218,19 +220,62 @@ def _merge_partitions(part_out_ptr, part_lse_ptr, rows, num_parts, stride_pp, ro
     return acc / tl.where(row_mask, weight_sum, 1.0)[:, None]
 
 
+@triton.jit
+def _fold_new_token(acc, l_i, m_i, q, k_new_ptr, v_new_ptr, slot_ptr, cache_ptr, seq, kv_head, d,
+                    cos_row, sin_row, scale_log2, stride_kt, stride_kh, stride_vt, stride_vh,
+                    stride_cos_f, stride_sin_f, stride_c_kv, stride_c_block, stride_c_head,
+                    stride_c_tok, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                    ROTARY_HALF: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """The step's own token (last position) into the running softmax of q's rows, from
+    registers, and its K/V into its cache slot. The values attended are the cache's (an fp8
+    cache rounds them), as if the kernel had read them back."""
+    d_mask = d < HEAD_DIM
+    k = load_rotated(k_new_ptr + seq.to(tl.int64) * stride_kt + kv_head * stride_kh, d, d_mask,
+                     cos_row, sin_row, stride_cos_f, stride_sin_f, ROTARY_HALF, INTERLEAVED)
+    v = tl.load(v_new_ptr + seq.to(tl.int64) * stride_vt + kv_head * stride_vh + d, mask=d_mask,
+                other=0.0)
+    cache_ty = cache_ptr.dtype.element_ty
+    k = k.to(cache_ty)
+    v = v.to(cache_ty)
+    # slot -1: nothing written (a CUDA graph's capture runs its rows with a context and no slot)
+    slot = tl.load(slot_ptr + seq)
+    dst = (cache_ptr + (slot // BLOCK_SIZE) * stride_c_block + kv_head * stride_c_head
+           + (slot % BLOCK_SIZE) * stride_c_tok + d)
+    tl.store(dst, k, mask=d_mask & (slot >= 0))
+    tl.store(dst + stride_c_kv, v, mask=d_mask & (slot >= 0))
+    s = tl.sum(q.to(tl.float32) * k.to(q.dtype).to(tl.float32)[None, :], 1) * scale_log2
+    m_new = tl.maximum(m_i, s)
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new)
+    # p is rounded to the value dtype before its product, as in _attend_range's dot
+    pv = p.to(q.dtype).to(tl.float32)[:, None] * v.to(q.dtype).to(tl.float32)[None, :]
+    return acc * alpha[:, None] + pv, l_i * alpha + p, m_new
+
+
 # The block table of an eager step is as wide as its longest sequence: its row stride changes
 # from step to step, and a specialization on it (1, a multiple of 16, other) would compile the
 # kernel again (~1 s, all running requests stalled) the first time a serving step meets a class.
-@triton.jit(do_not_specialize=["stride_bt", "max_parts"])
+# (An M-RoPE table's strides follow the step's token count: likewise unspecialized.)
+@triton.jit(do_not_specialize=["stride_bt", "max_parts", "stride_cos_t", "stride_cos_f",
+                               "stride_sin_t", "stride_sin_f"])
 def _decode_kernel(out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, q_ptr, cache_ptr,
                    block_tables_ptr, seq_lens_ptr, scale_log2, parts_scale, max_parts,
                    stride_qt, stride_qh, stride_ot, stride_oh,
                    stride_c_kv, stride_c_block, stride_c_head, stride_c_tok, stride_bt,
                    stride_ps, stride_ph, stride_pp,
+                   k_new_ptr, v_new_ptr, slot_ptr, cos_ptr, sin_ptr,
+                   stride_kt, stride_kh, stride_vt, stride_vh,
+                   stride_cos_t, stride_cos_f, stride_sin_t, stride_sin_f,
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
                    NUM_PARTS: tl.constexpr, MIN_CHUNK: tl.constexpr, MERGE_RATIO: tl.constexpr,
-                   MERGE_TILE: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+                   MERGE_TILE: tl.constexpr, PRECISION: tl.constexpr, WRITE_KV: tl.constexpr,
+                   ROTARY_HALF: tl.constexpr, INTERLEAVED: tl.constexpr, PDL: tl.constexpr):
+    """With WRITE_KV the step's own token is not in the cache yet: q and the new k come
+    un-rotated (rotated here in registers when ROTARY_HALF > 0), the partition holding the last
+    position folds that token in from registers and writes its K and V to the cache slot
+    (unless -1); the other partitions read only cached tokens. One launch a layer where there
+    were two."""
     wait_for_previous_grid(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -254,16 +299,33 @@ def _decode_kernel(out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, q_ptr, cac
         return  # this sequence is too short for this many partitions
     hi = tl.minimum(lo + chunk, seq_len)
 
-    q = tl.load(q_ptr + seq.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
-                mask=io_mask, other=0.0)
+    q_base = q_ptr + seq.to(tl.int64) * stride_qt + heads[:, None] * stride_qh
+    if WRITE_KV:
+        cos_row = cos_ptr + seq.to(tl.int64) * stride_cos_t
+        sin_row = sin_ptr + seq.to(tl.int64) * stride_sin_t
+        q = load_rotated(q_base, d[None, :], io_mask, cos_row, sin_row, stride_cos_f,
+                         stride_sin_f, ROTARY_HALF, INTERLEAVED)
+        holds_new = hi == seq_len
+        hi_cached = tl.where(holds_new, seq_len - 1, hi)
+    else:
+        q = tl.load(q_base + d[None, :], mask=io_mask, other=0.0)
+        hi_cached = hi
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     k_base = cache_ptr + kv_head * stride_c_head
     acc, l_i, m_i = _attend_range(acc, l_i, m_i, q, k_base, k_base + stride_c_kv,
-                                  block_tables_ptr + seq.to(tl.int64) * stride_bt, m_i, lo, hi,
-                                  scale_log2, stride_c_block, stride_c_tok,
+                                  block_tables_ptr + seq.to(tl.int64) * stride_bt, m_i, lo,
+                                  hi_cached, scale_log2, stride_c_block, stride_c_tok,
                                   False, TILE_N, BLOCK_SIZE, HEAD_DIM, BLOCK_D, PRECISION)
+    if WRITE_KV:
+        if holds_new:
+            acc, l_i, m_i = _fold_new_token(acc, l_i, m_i, q, k_new_ptr, v_new_ptr, slot_ptr,
+                                            cache_ptr, seq, kv_head, d, cos_row, sin_row,
+                                            scale_log2, stride_kt, stride_kh, stride_vt,
+                                            stride_vh, stride_cos_f, stride_sin_f, stride_c_kv,
+                                            stride_c_block, stride_c_head, stride_c_tok,
+                                            HEAD_DIM, BLOCK_SIZE, ROTARY_HALF, INTERLEAVED)
     o = acc / l_i[:, None]
     if NUM_PARTS == 1:
         tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=io_mask)
@@ -290,15 +352,30 @@ def _decode_kernel(out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, q_ptr, cac
                 tl.store(out_ptrs, merged.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
+class NewTokenKV(NamedTuple):
+    """A decode step's own K and V ([N, Hkv, D], last dim contiguous), for the decode kernel to
+    write to ``slot_mapping`` ([N] int64, -1 = padding row) itself; with cos/sin ([N, half]
+    float32, any strides; None: no rotary) q and k come un-rotated and are rotated as
+    kernels/kv_write.py does, pairs interleaved or half-split."""
+    k: torch.Tensor
+    v: torch.Tensor
+    slot_mapping: torch.Tensor
+    cos: torch.Tensor | None
+    sin: torch.Tensor | None
+    interleaved: bool
+
+
 def decode_attention(out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor,
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                      split: DecodeSplit, counters: torch.Tensor,
-                     tiles: DecodeTiles = DECODE_TILES) -> None:
+                     tiles: DecodeTiles = DECODE_TILES, new_kv: NewTokenKV | None = None) -> None:
     """One query token per sequence, one launch. out, q: [N, H, D]; block_tables
     [N, max_blocks] int32; seq_lens [N] int32 (0 = padding row, output zeros). ``split`` fixes
     the grid (see decode_split); each sequence uses as many partitions as its length warrants,
     so the launch is the same for every step of a CUDA graph. ``counters``: int32, at least
-    N * num_kv_heads elements, all zero, left zero (a persistent buffer: graphs replay with it)."""
+    N * num_kv_heads elements, all zero, left zero (a persistent buffer: graphs replay with it).
+    Without ``new_kv`` the step's K/V are already in the cache (and q rotated); with it the
+    kernel writes them (q is left as it came)."""
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads, block_size = kv_cache.shape[2], kv_cache.shape[3]
     if num_seqs == 0:
@@ -306,8 +383,22 @@ def decode_attention(out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor,
     num_partitions = split.partitions
     assert num_partitions == _next_pow2(num_partitions)
     assert counters.dtype == torch.int32 and counters.numel() >= num_seqs * num_kv_heads
+    rotary_half = 0
+    if new_kv is not None:
+        k, v = new_kv.k, new_kv.v
+        assert k.stride(-1) == 1 and v.stride(-1) == 1 and kv_cache.stride(-1) == 1
+        if new_kv.cos is not None:
+            rotary_half = new_kv.cos.shape[-1]
+            cos, sin = new_kv.cos, new_kv.sin
+        else:
+            cos = sin = k    # unread
+        new_args = (k, v, new_kv.slot_mapping, cos, sin, k.stride(0), k.stride(1), v.stride(0),
+                    v.stride(1), *(cos.stride() + sin.stride() if rotary_half else (0,) * 4))
+    else:
+        new_args = (q, q, seq_lens, q, q) + (0,) * 8    # unread
     shape = decode_shape(num_heads, num_kv_heads, head_dim, block_size, q.dtype, kv_cache.dtype,
-                         split, tiles)
+                         split, tiles, new_kv is not None, rotary_half,
+                         new_kv is not None and new_kv.interleaved)
     if num_partitions > 1:
         part_out = torch.empty((num_seqs, num_heads, num_partitions, head_dim),
                                dtype=torch.float32, device=q.device)
@@ -322,7 +413,7 @@ def decode_attention(out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor,
         tiles.parts_scale, _max_parts(num_seqs * num_kv_heads, split, tiles),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
-        block_tables.stride(0), stride_ps, stride_ph, stride_pp, **shape.constexprs,
+        block_tables.stride(0), stride_ps, stride_ph, stride_pp, *new_args, **shape.constexprs,
         num_warps=shape.num_warps, num_stages=shape.num_stages, **pdl.launch_options(q.device))
 
 
@@ -335,9 +426,11 @@ def _max_parts(pairs: int, split: DecodeSplit, tiles: DecodeTiles) -> int:
 @functools.cache
 def decode_shape(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
                  q_dtype: torch.dtype, kv_dtype: torch.dtype, split: DecodeSplit,
-                 tiles: DecodeTiles = DECODE_TILES) -> KernelShape:
+                 tiles: DecodeTiles = DECODE_TILES, write_kv: bool = False,
+                 rotary_half: int = 0, interleaved: bool = False) -> KernelShape:
     """The decode kernel's constexprs (all but PDL, which the device decides), warps and
-    stages for these heads, cache and split."""
+    stages for these heads, cache and split, and whether it writes the step's K/V (with how
+    many rotary pairs a head, see NewTokenKV)."""
     group = num_heads // num_kv_heads
     block_d = _next_pow2(head_dim)
     constexprs = dict(
@@ -346,7 +439,8 @@ def decode_shape(num_heads: int, num_kv_heads: int, head_dim: int, block_size: i
         MIN_CHUNK=split.min_chunk,
         # a partial row (fp32, per query head) against a token's K and V (per KV head)
         MERGE_RATIO=(4 * group) / (2 * kv_dtype.itemsize),
-        MERGE_TILE=min(4, split.partitions), PRECISION=_dot_precision(q_dtype))
+        MERGE_TILE=min(4, split.partitions), PRECISION=_dot_precision(q_dtype),
+        WRITE_KV=write_kv, ROTARY_HALF=rotary_half, INTERLEAVED=interleaved)
     stages = tiles.num_stages or _num_stages(tiles.tile_n * block_d * kv_dtype.itemsize)
     return KernelShape(constexprs, tiles.num_warps, stages)
 

@@ -1,6 +1,7 @@
 """Decode steps of a small batch at long context: what one costs and where it goes (GPU).
 
-    python scripts/gpu/decode_trace.py [--rows 16] [--contexts 100,4000,10000] [--profile]
+    python scripts/gpu/decode_trace.py [--rows 1,16] [--contexts 100,4000,10000] [--profile]
+        [--separate-kv-write]
 
 The phone-agent issue's question: 16 decoding agents at ~4,000 tokens of context took 14-15 ms
 a step served, against ~5 ms for the GEMMs alone. For each context length this submits --rows
@@ -8,7 +9,9 @@ random prompts of that length on AutoGLM-Phone-9B with dummy weights (the served
 limits: --max-model-len 25480), lets them decode --decode-steps tokens with Open-AutoGLM's
 sampling (--sampling oa) or greedy, and prints the median wall time between decode-only steps
 (what a streaming client sees) and the device span of one. --profile adds the top CUDA kernels
-of a few decode steps at the longest context (torch.profiler).
+of a few decode steps at the longest context and the largest row count (torch.profiler).
+--separate-kv-write makes decode steps write their K/V with the write kernel, as before the
+decode kernel did it itself (the A/B of that change).
 """
 from __future__ import annotations
 
@@ -34,13 +37,18 @@ SAMPLING = {
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rows", type=int, default=16)
+    ap.add_argument("--rows", default="16", help="comma-separated row counts")
     ap.add_argument("--contexts", default="100,4000,10000")
     ap.add_argument("--decode-steps", type=int, default=64)
     ap.add_argument("--sampling", default="greedy,oa")
     ap.add_argument("--max-model-len", type=int, default=25480)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--separate-kv-write", action="store_true")
     args = ap.parse_args()
+    if args.separate_kv_write:
+        from autoglm_serve.models.layers.triton_attention import TritonAttentionBackend
+        TritonAttentionBackend.fuse_decode_kv_write = False
+    row_counts = [int(r) for r in args.rows.split(",")]
 
     llm = LLM("autoglm-phone-9b", load_format="dummy", dtype="bfloat16",
               max_model_len=args.max_model_len, skip_tokenizer_init=True,
@@ -62,9 +70,9 @@ def main() -> None:
     rng = random.Random(0)
     print("| rows | context | sampling | step wall ms (median) | device ms (median) |")
     print("| --- | --- | --- | --- | --- |")
-    for ctx in [int(c) for c in args.contexts.split(",")]:
+    for rows, ctx in [(r, int(c)) for r in row_counts for c in args.contexts.split(",")]:
         for mode in args.sampling.split(","):
-            prompts = [[rng.randrange(150000) for _ in range(ctx)] for _ in range(args.rows)]
+            prompts = [[rng.randrange(150000) for _ in range(ctx)] for _ in range(rows)]
             # prefix-cached first: otherwise at 10,000 tokens the first prompts finish
             # decoding before the last one's prefill is done, and no step decodes all rows
             llm.generate(prompts, SamplingParams(max_tokens=1))
@@ -72,23 +80,23 @@ def main() -> None:
             llm.generate(prompts, SamplingParams(max_tokens=args.decode_steps, ignore_eos=True,
                                                  **SAMPLING[mode]))
             torch.cuda.synchronize()
-            decode = [i for i, s in enumerate(steps) if s[1] == s[2] == args.rows]
+            decode = [i for i, s in enumerate(steps) if s[1] == s[2] == rows]
             walls = [1e3 * (steps[i][0] - steps[i - 1][0]) for i in decode[1:] if i - 1 in decode]
             device = [steps[i][3].elapsed_time(steps[i][4]) for i in decode]
-            print(f"| {args.rows} | {ctx} | {mode} | {statistics.median(walls):.2f} | "
+            print(f"| {rows} | {ctx} | {mode} | {statistics.median(walls):.2f} | "
                   f"{statistics.median(device):.2f} |", flush=True)
 
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
-        ctx = max(int(c) for c in args.contexts.split(","))
-        prompts = [[rng.randrange(150000) for _ in range(ctx)] for _ in range(args.rows)]
+        ctx, rows = max(int(c) for c in args.contexts.split(",")), max(row_counts)
+        prompts = [[rng.randrange(150000) for _ in range(ctx)] for _ in range(rows)]
         llm.generate(prompts, SamplingParams(max_tokens=2, ignore_eos=True))   # prefix cached
         for mode in args.sampling.split(","):
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 llm.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True,
                                                      **SAMPLING[mode]))
                 torch.cuda.synchronize()
-            print(f"\n== profile: {args.rows} rows, context {ctx}, {mode}, 24 tokens")
+            print(f"\n== profile: {rows} rows, context {ctx}, {mode}, 24 tokens")
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=22,
                                             max_name_column_width=70))
 
