@@ -100,6 +100,20 @@ def test_fp8_gemv_keeps_w8a8_numerics(bias, m):
     assert rel(fp8.fp8_linear(x, w, ws, b), want) < 5e-3
 
 
+def test_fp8_gemv_amax_in_chunks_wider_than_the_tile():
+    """One row at down's K behind 1024-wide tiles: the amax pass reads 8192 activations a
+    chunk, the second one masked past K; the row's largest value sits there, so a scale from
+    the first chunk alone would saturate it."""
+    assert fp8_gemv.amax_block(13696, Config(8, 1024, 2)) == 8192
+    g = gen()
+    w, ws = random_fp8(24, 13696, DEVICE, g)
+    x = torch.randn(1, 13696, generator=g)
+    x[0, 13000] = 40.0
+    x = x.to(DEVICE, torch.bfloat16)
+    out = fp8_gemv.fp8_gemv(x, w, ws, None, Config(8, 1024, 2))
+    assert rel(out, fp8_reference(x, w, ws)) < 5e-3
+
+
 @pytest.mark.parametrize("m", [1, 3])
 def test_fp8_gated_gemv_matches_two_step_path(m):
     g = gen()

@@ -88,17 +88,20 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr, count_p
                      HAS_BIAS: tl.constexpr, GATED: tl.constexpr, USE_DOT: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr,
-                     PDL: tl.constexpr):
+                     AMAX_BLOCK: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n, rows, offs_m, offs_k, w_gate, w_up, x_tile, m_mask = row_tiles(
         x_ptr, w_ptr, pid_n, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
 
     wait_for_previous_grid(PDL)
-    # per-token scale over the whole row, as quantization/fp8.quantize_rows
+    # per-token scale over the whole row, as quantization/fp8.quantize_rows, in AMAX_BLOCK
+    # chunks (see amax_block): every program makes this pass before its first weight load
     amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
-        xa = tl.load(x_tile + k, mask=m_mask & (offs_k[None, :] < K - k), other=0.0)
+    offs_a = tl.arange(0, AMAX_BLOCK)
+    for k in range(0, K, AMAX_BLOCK):
+        xa = tl.load(x_ptr + offs_m[:, None] * K + k + offs_a[None, :],
+                     mask=m_mask & (offs_a[None, :] < K - k), other=0.0)
         amax = tl.maximum(amax, tl.max(tl.abs(xa.to(tl.float32)), axis=1))
     x_scale = tl.maximum(tl.div_rn(amax, FP8_MAX), MIN_SCALE)
     # a multiply per activation, not a division: x * (1 / s) may differ from x / s by an ulp,
@@ -159,9 +162,20 @@ def _launch(x, weight, weight_scale, bias, n, gated, config):
         counts, m, n, k, HAS_BIAS=bias is not None, GATED=gated, USE_DOT=cfg.dot,
         BLOCK_M=max(DOT_MIN_ROWS, triton.next_power_of_2(m)) if cfg.dot else 1,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-        EVEN_K=k % cfg.block_k == 0, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+        EVEN_K=k % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
+        AMAX_BLOCK=amax_block(k, cfg) if not cfg.dot else cfg.block_k, num_warps=cfg.num_warps,
         **pdl.launch_options(x.device))
     return y.view(*x.shape[:-1], n)
+
+
+def amax_block(k: int, cfg: GemvConfig) -> int:
+    """The one-row amax pass's chunk. Behind 1024-wide weight tiles, up to 8192 activations
+    (the whole row at K = 4096, two chunks at 13,696): on the H200 down 21.8 -> 17.3 us and
+    o_proj 8.2 -> 7.3; behind 512-wide tiles, BLOCK_K, since a 4096 chunk there cost gate_up
+    40.1 -> 41.5 us and qkv 10.2 -> 11.5 (scripts/gpu/quant_gemv_depth.py, BENCHMARKS.md)."""
+    if cfg.block_k < 1024:
+        return cfg.block_k
+    return max(cfg.block_k, min(triton.next_power_of_2(k), 8192))
 
 
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
