@@ -42,8 +42,8 @@ def compile_kernel(kind: str, bm, bn, bk, split, dot, gated, warps=4, stages=3):
                "y_ptr": "*bf16", "partial_ptr": "*fp32", "count_ptr": "*i32", "M": "i32",
                "N": "i32", "K": "i32"}
         # the amax pass's chunk as the launcher picks it at K = 4096 (qkv, gate_up, o_proj)
-        consts = {"AMAX_BLOCK": bk if dot else fp8_gemv.amax_block(
-            4096, fp8_gemv.GemvConfig(bn, bk, split, warps, stages, False))}
+        consts = {"AMAX_BLOCK": fp8_gemv.amax_block(
+            4096, fp8_gemv.GemvConfig(bn, bk, split, warps, stages, bool(dot)))}
     consts.update(HAS_BIAS=False, GATED=gated, USE_DOT=dot, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                   SPLIT_K=split, EVEN_K=True, NUM_STAGES=stages, PDL=True)
     if kind == "w4":

@@ -163,17 +163,18 @@ def _launch(x, weight, weight_scale, bias, n, gated, config):
         BLOCK_M=max(DOT_MIN_ROWS, triton.next_power_of_2(m)) if cfg.dot else 1,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
         EVEN_K=k % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
-        AMAX_BLOCK=amax_block(k, cfg) if not cfg.dot else cfg.block_k, num_warps=cfg.num_warps,
+        AMAX_BLOCK=amax_block(k, cfg), num_warps=cfg.num_warps,
         **pdl.launch_options(x.device))
     return y.view(*x.shape[:-1], n)
 
 
 def amax_block(k: int, cfg: GemvConfig) -> int:
-    """The one-row amax pass's chunk. Behind 1024-wide weight tiles, up to 8192 activations
-    (the whole row at K = 4096, two chunks at 13,696): on the H200 down 21.8 -> 17.3 us and
-    o_proj 8.2 -> 7.3; behind 512-wide tiles, BLOCK_K, since a 4096 chunk there cost gate_up
-    40.1 -> 41.5 us and qkv 10.2 -> 11.5 (scripts/gpu/quant_gemv_depth.py, BENCHMARKS.md)."""
-    if cfg.block_k < 1024:
+    """The amax pass's chunk: BLOCK_K for tensor-core configs (up to 16 rows a chunk). One row
+    behind 1024-wide weight tiles, up to 8192 activations (the whole row at K = 4096, two chunks
+    at 13,696): on the H200 down 21.8 -> 17.3 us and o_proj 8.2 -> 7.3; behind 512-wide tiles,
+    BLOCK_K, since a 4096 chunk there cost gate_up 40.1 -> 41.5 us and qkv 10.2 -> 11.5
+    (scripts/gpu/quant_gemv_depth.py, BENCHMARKS.md)."""
+    if cfg.dot or cfg.block_k < 1024:
         return cfg.block_k
     return max(cfg.block_k, min(triton.next_power_of_2(k), 8192))
 
