@@ -39,10 +39,10 @@ def compile_kernel(kind: str, bm, bn, bk, split, dot, gated, warps=4, stages=3):
     else:
         fn = fp8_gemv._fp8_gemv_kernel
         sig = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "bias_ptr": "*bf16",
-               "y_ptr": "*bf16", "partial_ptr": "*fp32", "count_ptr": "*i32", "M": "i32",
-               "N": "i32", "K": "i32"}
+               "y_ptr": "*bf16", "partial_ptr": "*fp32", "count_ptr": "*i32", "amax_ptr": "*fp32",
+               "M": "i32", "N": "i32", "K": "i32"}
         # the amax pass's chunk as the launcher picks it at K = 4096 (qkv, gate_up, o_proj)
-        consts = {"AMAX_BLOCK": fp8_gemv.amax_block(
+        consts = {"HAS_AMAX": False, "AMAX_BLOCK": fp8_gemv.amax_block(
             4096, fp8_gemv.GemvConfig(bn, bk, split, warps, stages, bool(dot)))}
     consts.update(HAS_BIAS=False, GATED=gated, USE_DOT=dot, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                   SPLIT_K=split, EVEN_K=True, NUM_STAGES=stages, PDL=True)

@@ -56,10 +56,15 @@ def test_rms_norm_pair(dtype, rows, hidden):
     second = RMSNorm(hidden, 1e-6, dtype).to(DEVICE)
     first.weight.data.uniform_(0.5, 1.5)
     second.weight.data.uniform_(0.5, 1.5)
-    ref_out, ref_sum = rms_norm_pair(first, second, x, r)
-    out, new_sum = fused_ops.rms_norm_pair(x, r, first.weight, first.eps, second.weight,
-                                           second.eps)
+    ref_out, ref_sum, no_amax = rms_norm_pair(first, second, x, r, row_amax=True)
+    assert no_amax is None          # the PyTorch path leaves the amax to the FP8 layer
+    out, new_sum, amax = fused_ops.rms_norm_pair(x, r, first.weight, first.eps, second.weight,
+                                                 second.eps, row_amax=True)
     assert rel(out, ref_out) < tol(dtype) and rel(new_sum, ref_sum) < tol(dtype)
+    # the per-token FP8 scale's amax, exactly that of the rows as stored
+    assert amax.dtype == torch.float32 and torch.equal(amax, out.float().abs().amax(dim=-1))
+    assert fused_ops.rms_norm_pair(x, r, first.weight, first.eps, second.weight,
+                                   second.eps)[2] is None
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

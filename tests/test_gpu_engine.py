@@ -2,6 +2,7 @@
 (the reference attention backend, fused kernels off, eager), same weights, a mixed batch. Runs
 only where CUDA is present."""
 import pytest
+import torch
 
 from autoglm_serve import LLM, SamplingParams
 from tests.tiny_models import build_tiny_decoder
@@ -28,18 +29,21 @@ def build(tmp_path, arch):
 SAMPLING = {"greedy": {}, "open-autoglm": dict(top_p=0.85, frequency_penalty=0.2)}
 
 
-def run(path, dtype, backend, eager, store, sampling="greedy"):
-    """The reference (torch backend) runs in plain PyTorch: the fused kernels off."""
+def run(path, dtype, backend, eager, store, sampling="greedy", quantization=None,
+        on_start=lambda: None):
+    """The reference (torch backend) runs in plain PyTorch: the fused kernels off. on_start:
+    called once the engine is up (its self-checks and graph captures done)."""
     from autoglm_serve.kernels import fused_ops
     was = fused_ops.ENABLED
     fused_ops.ENABLED = was and backend != "torch"
     try:
         llm = LLM(str(path), skip_tokenizer_init=True, dtype=dtype, attention_backend=backend,
                   enforce_eager=eager, block_size=16, max_num_batched_tokens=128,
-                  kv_cache_memory_gib=1, max_num_seqs=32)
+                  kv_cache_memory_gib=1, max_num_seqs=32, quantization=quantization)
         llm.engine.core.runner.logits_hook = lambda reqs, logits: [
             store.setdefault(r.request_id, []).append(logits[i].float().cpu())
             for i, r in enumerate(reqs)]
+        on_start()
         outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=STEPS,
                                                     ignore_eos=True, **SAMPLING[sampling]))
     finally:
@@ -84,3 +88,34 @@ def test_fast_path_matches_reference_bf16(tmp_path, arch):
         agree = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
         for x, y in zip(ref_logits[rid_a][:agree + 1], fast_logits[rid_b][:agree + 1]):
             assert rel(y, x) < 3e-2
+
+
+@pytest.mark.parametrize("arch,eager", [("glm4", True), ("glm4-real-shapes", False)])
+def test_fp8_decode_takes_the_norms_row_amax_bitwise(tmp_path, arch, eager, monkeypatch):
+    """--quantization fp8: at decode the fused norm pair gives qkv's and gate_up's FP8 GEMV
+    each row's amax, which replaces the GEMV's own pass over x. The same scales, so the same
+    logits bit for bit and the same tokens as with the GEMV's own pass, eager and in the decode
+    CUDA graphs. (Eager, the GEMV calls are counted from the start of generation: the start-up
+    self-check makes both kinds, and graph replays make no Python calls.)"""
+    from autoglm_serve.kernels import fp8_gemv
+    from autoglm_serve.quantization.fp8 import Fp8LinearMethod
+    given = []
+    launch = fp8_gemv._launch
+
+    def watch(*args):
+        given.append(args[-1] is not None)
+        return launch(*args)
+    monkeypatch.setattr(fp8_gemv, "_launch", watch)
+    path = build(tmp_path, arch)
+    with_amax, own_pass = {}, {}
+    _, a = run(path, "bfloat16", "triton", eager, with_amax, quantization="fp8",
+               on_start=given.clear)
+    assert any(given) or not eager, "no FP8 GEMV was given a row amax"
+    monkeypatch.setattr(Fp8LinearMethod, "uses_row_amax", False)
+    _, b = run(path, "bfloat16", "triton", eager, own_pass, quantization="fp8",
+               on_start=given.clear)
+    assert not any(given) and (given or not eager)
+    for (rid_a, ta), (rid_b, tb) in zip(a, b):
+        assert ta == tb
+        for x, y in zip(with_amax[rid_a], own_pass[rid_b]):
+            assert torch.equal(x, y)

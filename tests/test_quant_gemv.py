@@ -114,6 +114,30 @@ def test_fp8_gemv_amax_in_chunks_wider_than_the_tile():
     assert rel(out, fp8_reference(x, w, ws)) < 5e-3
 
 
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("m", [1, 3])
+def test_fp8_gemv_given_the_row_amax_is_bitwise_its_own_pass(m, gated):
+    """The amax a fused norm computes on the way replaces the kernel's pass over x: the same
+    scale, the same quantized rows, the same bits out (one row on CUDA cores, several on
+    tensor cores, split-K)."""
+    g = gen()
+    w, ws = random_fp8(2 * 24 if gated else 40, 512, DEVICE, g)
+    x = (torch.randn(m, 512, generator=g) * torch.logspace(-2, 1, m)[:, None]).to(
+        DEVICE, torch.bfloat16)
+    amax = x.float().abs().amax(dim=-1)
+    cfg = Config(16, 128, 2, dot=m > 1)
+    if gated:
+        own = fp8_gemv.fp8_gated_gemv(x, w, ws, cfg)
+        given = fp8_gemv.fp8_gated_gemv(x, w, ws, cfg, row_amax=amax)
+    else:
+        own = fp8_gemv.fp8_gemv(x, w, ws, None, cfg)
+        given = fp8_gemv.fp8_gemv(x, w, ws, None, cfg, row_amax=amax)
+    assert torch.equal(given, own)
+    # and the amax is what sets the scale: a wrong one changes the result
+    assert not torch.equal(fp8_gemv.fp8_gemv(x, w[:40], ws[:40], None, cfg, row_amax=amax * 3),
+                           fp8_gemv.fp8_gemv(x, w[:40], ws[:40], None, cfg))
+
+
 @pytest.mark.parametrize("m", [1, 3])
 def test_fp8_gated_gemv_matches_two_step_path(m):
     g = gen()

@@ -8,7 +8,10 @@ tuned for large M: slower than the bf16 GEMV despite half the bytes. Here, as ke
 workspaces):
 
 - each program first computes the amax of its activation rows over all of K (x is a few KB and
-  sits in L2), so the per-token scale needs no other kernel;
+  sits in L2), so the per-token scale needs no other kernel; where the kernel that wrote x
+  computed the amax on the way (GLM's fused norm pair before qkv and gate_up: ``row_amax``),
+  it is loaded instead: that pass cost gate_up 40.1 -> 30.6 us and qkv 10.2 -> 8.3 at one row
+  on the H200 (scripts/gpu/quant_gemv_depth.py, BENCHMARKS.md);
 - in the K loop the activation tile is quantized the same way (x * (1 / scale), saturated,
   rounded to e4m3); the products of two e4m3 values are exact in fp32, so the sum is the W8A8
   product ``_scaled_mm`` computes, up to summation order: on CUDA cores (one row) the weight
@@ -84,8 +87,8 @@ def select_config(m: int, n: int, k: int, gated: bool = False) -> GemvConfig:
 
 
 @triton.jit
-def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr, M, N, K,
-                     HAS_BIAS: tl.constexpr, GATED: tl.constexpr, USE_DOT: tl.constexpr,
+def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr, amax_ptr,
+                     M, N, K, HAS_AMAX: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr, USE_DOT: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr,
                      AMAX_BLOCK: tl.constexpr, PDL: tl.constexpr):
@@ -95,14 +98,17 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr, count_p
         x_ptr, w_ptr, pid_n, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
 
     wait_for_previous_grid(PDL)
-    # per-token scale over the whole row, as quantization/fp8.quantize_rows, in AMAX_BLOCK
-    # chunks (see amax_block): every program makes this pass before its first weight load
-    amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    offs_a = tl.arange(0, AMAX_BLOCK)
-    for k in range(0, K, AMAX_BLOCK):
-        xa = tl.load(x_ptr + offs_m[:, None] * K + k + offs_a[None, :],
-                     mask=m_mask & (offs_a[None, :] < K - k), other=0.0)
-        amax = tl.maximum(amax, tl.max(tl.abs(xa.to(tl.float32)), axis=1))
+    # per-token scale over the whole row, as quantization/fp8.quantize_rows: given, or in
+    # AMAX_BLOCK chunks (see amax_block), a pass every program makes before its first weight load
+    if HAS_AMAX:
+        amax = tl.load(amax_ptr + offs_m, mask=offs_m < M, other=0.0)
+    else:
+        amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        offs_a = tl.arange(0, AMAX_BLOCK)
+        for k in range(0, K, AMAX_BLOCK):
+            xa = tl.load(x_ptr + offs_m[:, None] * K + k + offs_a[None, :],
+                         mask=m_mask & (offs_a[None, :] < K - k), other=0.0)
+            amax = tl.maximum(amax, tl.max(tl.abs(xa.to(tl.float32)), axis=1))
     x_scale = tl.maximum(tl.div_rn(amax, FP8_MAX), MIN_SCALE)
     # a multiply per activation, not a division: x * (1 / s) may differ from x / s by an ulp,
     # which moves an e4m3 rounding only at a tie boundary (rare, one ulp of one element)
@@ -150,16 +156,18 @@ def supports(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
     return key not in TUNED or TUNED[key] is not None
 
 
-def _launch(x, weight, weight_scale, bias, n, gated, config):
+def _launch(x, weight, weight_scale, bias, n, gated, config, row_amax):
     k = weight.shape[1]
     x2 = as_rows(x, k, MAX_ROWS)
     m = x2.shape[0]
     cfg = config or select_config(m, n, k, gated)
     assert cfg.dot or m == 1, "the CUDA-core path computes one row; more need dot=True"
+    assert row_amax is None or (row_amax.dtype == torch.float32 and row_amax.numel() == m)
     y, tiles, partials, counts = launch_buffers(x, m, n, cfg, gated)
     _fp8_gemv_kernel[(tiles, cfg.split_k)](
         x2, weight, weight_scale, bias if bias is not None else weight_scale, y, partials,
-        counts, m, n, k, HAS_BIAS=bias is not None, GATED=gated, USE_DOT=cfg.dot,
+        counts, row_amax if row_amax is not None else weight_scale, m, n, k,
+        HAS_AMAX=row_amax is not None, HAS_BIAS=bias is not None, GATED=gated, USE_DOT=cfg.dot,
         BLOCK_M=max(DOT_MIN_ROWS, triton.next_power_of_2(m)) if cfg.dot else 1,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
         EVEN_K=k % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
@@ -180,14 +188,18 @@ def amax_block(k: int, cfg: GemvConfig) -> int:
 
 
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-             bias: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
+             bias: torch.Tensor | None = None, config: GemvConfig | None = None,
+             row_amax: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] 16-bit (<= MAX_ROWS rows), weight e4m3 [N, K], weight_scale fp32 [N]
-    -> [..., N] in x's dtype."""
-    return _launch(x, weight, weight_scale, bias, weight.shape[0], False, config)
+    -> [..., N] in x's dtype. row_amax: fp32 [rows], each row's max |x| exactly (it sets the
+    row's scale), or None: the kernel computes it."""
+    return _launch(x, weight, weight_scale, bias, weight.shape[0], False, config, row_amax)
 
 
 def fp8_gated_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                   config: GemvConfig | None = None) -> torch.Tensor:
+                   config: GemvConfig | None = None,
+                   row_amax: torch.Tensor | None = None) -> torch.Tensor:
     """silu(x @ gate^T) * (x @ up^T) for an e4m3 [gate; up] weight of 2I rows -> [..., I]."""
     assert weight.shape[0] % 2 == 0
-    return _launch(x, weight, weight_scale, None, weight.shape[0] // 2, True, config)
+    return _launch(x, weight, weight_scale, None, weight.shape[0] // 2, True, config,
+                   row_amax)

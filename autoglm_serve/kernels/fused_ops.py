@@ -40,9 +40,10 @@ def _weighted_rms_norm(x, w, n_cols, eps):
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, first_w_ptr, n_cols, eps,
-                     first_eps, HAS_RESIDUAL: tl.constexpr, NORM_X_FIRST: tl.constexpr,
-                     BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, first_w_ptr, amax_ptr,
+                     n_cols, eps, first_eps, HAS_RESIDUAL: tl.constexpr,
+                     NORM_X_FIRST: tl.constexpr, WRITE_AMAX: tl.constexpr, BLOCK: tl.constexpr,
+                     PDL: tl.constexpr):
     # A few rows at decode: the kernel's time is its chain of memory round trips, so every load
     # is issued up front, the weights (which no kernel writes) even before the PDL wait.
     row = tl.program_id(0).to(tl.int64)
@@ -62,33 +63,42 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, first_w_ptr, n
         # the sum is rounded to the activation dtype first, as `x + residual` is in PyTorch
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
         tl.store(new_res_ptr + row * n_cols + cols, x, mask=mask)
-    tl.store(out_ptr + row * n_cols + cols, _weighted_rms_norm(x, w, n_cols, eps), mask=mask)
+    out = _weighted_rms_norm(x, w, n_cols, eps)
+    tl.store(out_ptr + row * n_cols + cols, out, mask=mask)
+    if WRITE_AMAX:   # max |out| of the row as stored (columns past n_cols are 0)
+        tl.store(amax_ptr + row, tl.max(tl.abs(out.to(tl.float32)), axis=0))
 
 
-def _launch_rms_norm(x, weight, eps, residual, first_weight, first_eps):
+def _launch_rms_norm(x, weight, eps, residual, first_weight, first_eps, row_amax=False):
     x = x.contiguous()
     n_cols = x.shape[-1]
     rows = x.numel() // n_cols
     out = torch.empty_like(x)
     new_res = torch.empty_like(x) if residual is not None else out
+    amax = torch.empty(rows, dtype=torch.float32, device=x.device) if row_amax else None
     _rms_norm_kernel[(rows,)](x, residual.contiguous() if residual is not None else x, weight, out,
                               new_res, first_weight if first_weight is not None else weight,
-                              n_cols, eps, first_eps, HAS_RESIDUAL=residual is not None,
-                              NORM_X_FIRST=first_weight is not None, BLOCK=_pow2(n_cols),
-                              num_warps=8 if n_cols >= 2048 else 4, **pdl.launch_options(x.device))
-    return out if residual is None else (out, new_res)
+                              amax if row_amax else out, n_cols, eps, first_eps,
+                              HAS_RESIDUAL=residual is not None,
+                              NORM_X_FIRST=first_weight is not None, WRITE_AMAX=row_amax,
+                              BLOCK=_pow2(n_cols), num_warps=8 if n_cols >= 2048 else 4,
+                              **pdl.launch_options(x.device))
+    return out, new_res, amax
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None):
     """norm(x) or, with residual, (norm(x + residual), x + residual)."""
-    return _launch_rms_norm(x, weight, eps, residual, None, 0.0)
+    out, new_res, _ = _launch_rms_norm(x, weight, eps, residual, None, 0.0)
+    return out if residual is None else (out, new_res)
 
 
 def rms_norm_pair(x: torch.Tensor, residual: torch.Tensor, first_weight: torch.Tensor,
-                  first_eps: float, weight: torch.Tensor, eps: float):
-    """(norm(first_norm(x) + residual), first_norm(x) + residual) in one pass."""
-    return _launch_rms_norm(x, weight, eps, residual, first_weight, first_eps)
+                  first_eps: float, weight: torch.Tensor, eps: float, row_amax: bool = False):
+    """(norm(first_norm(x) + residual), first_norm(x) + residual, amax) in one pass; amax:
+    float32 [rows], each row's max |normed| as stored, where ``row_amax`` asks (None else): the
+    per-token scale of an FP8 layer that takes the normed rows (kernels/fp8_gemv.py)."""
+    return _launch_rms_norm(x, weight, eps, residual, first_weight, first_eps, row_amax)
 
 
 @triton.jit

@@ -32,14 +32,19 @@ class Glm4DecoderLayer(nn.Module):
         """hidden: the embeddings (residual None) or the previous layer's MLP output still owing
         its post_mlp_layernorm, ``hidden_norm``. Returns this layer's MLP output, likewise before
         its post_mlp_layernorm, and the residual."""
+        # an FP8 qkv or gate_up quantizes its rows per token: the norm pair before it has each
+        # row in registers and gives its amax too (the GEMV then skips its own pass over x)
         if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
+            residual, hidden, amax = hidden, self.input_layernorm(hidden), None
         else:
-            hidden, residual = rms_norm_pair(hidden_norm, self.input_layernorm, hidden, residual)
-        hidden, residual = rms_norm_pair(self.post_self_attn_layernorm,
-                                         self.post_attention_layernorm,
-                                         self.self_attn(rope, hidden, meta), residual)
-        return self.mlp(hidden), residual
+            hidden, residual, amax = rms_norm_pair(
+                hidden_norm, self.input_layernorm, hidden, residual,
+                self.self_attn.qkv_proj.linear_method.uses_row_amax)
+        hidden, residual, amax = rms_norm_pair(
+            self.post_self_attn_layernorm, self.post_attention_layernorm,
+            self.self_attn(rope, hidden, meta, amax), residual,
+            self.mlp.gate_up_proj.linear_method.uses_row_amax)
+        return self.mlp(hidden, amax), residual
 
 
 class Glm4Model(DecoderModel):

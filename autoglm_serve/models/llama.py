@@ -38,8 +38,9 @@ class SelfAttention(nn.Module):
         self.attn = Attention(self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, self.head_dim,
                               scale=self.head_dim ** -0.5, rotary=rotary)
 
-    def forward(self, rope, hidden, meta: AttentionMetadata):
-        qkv = self.qkv_proj(hidden)
+    def forward(self, rope, hidden, meta: AttentionMetadata, row_amax=None):
+        """row_amax: each hidden row's max |value| where the norm before computed it."""
+        qkv = self.qkv_proj(hidden, row_amax)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         return self.o_proj(self.attn(q, k, v, meta, rope))
 
@@ -53,11 +54,11 @@ class GatedMLP(nn.Module):
                                            linear_method=linear_method, dtype=dtype)
         self.act_fn = SiluAndMul()
 
-    def forward(self, x):
+    def forward(self, x, row_amax=None):
         # at decode one GEMV computes silu(gate) * up without writing the [gate | up] projection
-        act = self.gate_up_proj.linear_method.apply_gated_silu(self.gate_up_proj, x)
+        act = self.gate_up_proj.linear_method.apply_gated_silu(self.gate_up_proj, x, row_amax)
         if act is None:
-            act = self.act_fn(self.gate_up_proj(x))
+            act = self.act_fn(self.gate_up_proj(x, row_amax))
         return self.down_proj(act)
 
 

@@ -37,12 +37,14 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-               bias: torch.Tensor | None) -> torch.Tensor:
-    """x [..., K] (16/32-bit), weight e4m3 [N, K], weight_scale float32 [N] -> [..., N]."""
+               bias: torch.Tensor | None, row_amax: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] (16/32-bit), weight e4m3 [N, K], weight_scale float32 [N] -> [..., N].
+    row_amax: each row's max |x| where the kernel that wrote x computed it (the decode GEMV
+    then skips its own pass over x), else None."""
     shape = x.shape
     gemv = _decode_gemv(x, weight, bias, gated=False)
     if gemv is not None:      # a few rows: the FP8 decode GEMV, quantizing x inside
-        return gemv.fp8_gemv(x, weight, weight_scale, bias)
+        return gemv.fp8_gemv(x, weight, weight_scale, bias, row_amax=row_amax)
     x2 = x.reshape(-1, shape[-1])
     if fused_kernels_on(x):   # one kernel for the per-token quantization
         from autoglm_serve.kernels import fp8_quant
@@ -83,6 +85,8 @@ def _decode_gemv(x, weight, bias, gated):
 
 
 class Fp8LinearMethod(LinearMethod):
+    uses_row_amax = True
+
     def __init__(self, quantize_at_load: bool, params_dtype: torch.dtype):
         self.quantize_at_load = quantize_at_load
         self.params_dtype = params_dtype
@@ -107,13 +111,13 @@ class Fp8LinearMethod(LinearMethod):
         elif not bool(torch.isfinite(layer.weight_scale.data).all()):
             raise ValueError("FP8 weight scales are not finite")
 
-    def apply(self, layer, x, bias):
-        return fp8_linear(x, layer.weight, layer.weight_scale, bias)
+    def apply(self, layer, x, bias, row_amax=None):
+        return fp8_linear(x, layer.weight, layer.weight_scale, bias, row_amax)
 
-    def apply_gated_silu(self, layer, x):
+    def apply_gated_silu(self, layer, x, row_amax=None):
         if layer.bias is not None:
             return None
         gemv = _decode_gemv(x, layer.weight, None, gated=True)
         if gemv is None:
             return None
-        return gemv.fp8_gated_gemv(x, layer.weight, layer.weight_scale)
+        return gemv.fp8_gated_gemv(x, layer.weight, layer.weight_scale, row_amax=row_amax)

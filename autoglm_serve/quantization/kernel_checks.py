@@ -147,11 +147,13 @@ def check_fp8_gemv(device: torch.device, dtype: torch.dtype) -> bool:
     if dtype not in fp8_gemv.DTYPES:
         return fp8_gemv.ENABLED
 
-    def runs():
+    def runs():   # each case as the GEMV's own amax pass and given the norm's row amax
         for name, x, (w, ws), bias, gated, cfg in fp8_cases(device, dtype):
-            got = (fp8_gemv.fp8_gated_gemv(x, w, ws, cfg) if gated
-                   else fp8_gemv.fp8_gemv(x, w, ws, bias, cfg))
-            yield name, got, fp8_reference(x, w, ws, bias, gated)
+            want = fp8_reference(x, w, ws, bias, gated)
+            for amax in (None, x.float().abs().amax(dim=-1)):
+                got = (fp8_gemv.fp8_gated_gemv(x, w, ws, cfg, amax) if gated
+                       else fp8_gemv.fp8_gemv(x, w, ws, bias, cfg, amax))
+                yield name + ("" if amax is None else ", row amax given"), got, want
     return _check(fp8_gemv, runs(), "FP8 GEMV", "the W8A8 reference", "_scaled_mm")
 
 

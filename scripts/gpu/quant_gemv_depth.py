@@ -7,11 +7,11 @@ At one row the bf16 GEMV streams ~4.1 TB/s with 6 stages of 8 x 512 tiles (~96 K
 flight a program), where the FP8 GEMV's tuned tiles keep 3 stages of 4 KB and reach ~2.7 TB/s,
 and W4A16's 3 stages of 8 KB ~1.5: quant_gemv_bench.py's sweep tried only 2-4 stages. Here,
 for each shape, around each kernel's TUNED config: stages 2..10, 4 or 8 warps, and wider K
-tiles; each config checked against dequantize-then-matmul first. Beside it, two FP8 variants
-written here (not the engine's): the per-token scale read from memory instead of the amax
-pass over x that every program makes, and no activation quantization at all (W8A16), to
-price each. Prints per shape the TUNED time, the best found and its config, and the
-40-layer step's one-row GEMMs for each.
+tiles; each config checked against dequantize-then-matmul first. Beside it, the FP8 GEMV
+given each row's amax (``row_amax``, as the fused norm before qkv and gate_up gives it) instead
+of the amax pass over x that every program makes, and a variant written here (not the
+engine's) with no activation quantization at all (W8A16), to price each. Prints per shape the
+TUNED time, the best found and its config, and the 40-layer step's one-row GEMMs for each.
 """
 from __future__ import annotations
 
@@ -32,7 +32,6 @@ from gemv_sweep import copies_past_l2, time_calls  # noqa: E402
 from quant_gemv_bench import SHAPES, rel_err, total_bytes, with_clones  # noqa: E402
 
 from autoglm_serve.kernels import fp8_gemv, pdl, w4a16_gemv  # noqa: E402
-from autoglm_serve.kernels.fp8_gemv import FP8_MAX, MIN_SCALE  # noqa: E402
 from autoglm_serve.kernels.gemv import (GemvConfig, as_rows, finish_split_k,  # noqa: E402
                                         launch_buffers, load_k_tile, reduce_accumulators,
                                         row_tiles, split_k_range, zero_accumulators)
@@ -45,36 +44,25 @@ GROUP = 128
 
 
 @triton.jit
-def _fp8_variant_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr,
-                        M, N, K, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
-                        QUANTIZE_X: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr,
-                        PDL: tl.constexpr):
-    """fp8_gemv's one-row CUDA-core path with the per-token scale loaded (QUANTIZE_X) or with
-    x left in 16 bits (W8A16)."""
+def _w8a16_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr, M, N, K,
+                  HAS_BIAS: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+                  NUM_STAGES: tl.constexpr, PDL: tl.constexpr):
+    """fp8_gemv's one-row CUDA-core path with x left in 16 bits (W8A16)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n, rows, offs_m, offs_k, w_gate, w_up, x_tile, m_mask = row_tiles(
         x_ptr, w_ptr, pid_n, M, N, K, 1, BLOCK_N, BLOCK_K)
     wait_for_previous_grid(PDL)
-    x_scale = tl.load(xs_ptr + offs_m)
-    x_inv = tl.div_rn(tl.full(x_scale.shape, 1.0, tl.float32), x_scale)
     k_start, k_end = split_k_range(pid_k, K, BLOCK_K, SPLIT_K)
     acc, acc_up = zero_accumulators(False, 1, BLOCK_N, BLOCK_K)
     for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
         x, w, w2 = load_k_tile(x_tile, w_gate, w_up, k, offs_k, m_mask, K, GATED, EVEN_K)
-        if QUANTIZE_X:
-            xq = tl.clamp(x.to(tl.float32) * x_inv[:, None], -FP8_MAX, FP8_MAX)
-            xf = xq.to(tl.float8e4nv).to(tl.float32)
-        else:
-            xf = x.to(tl.float32)
+        xf = x.to(tl.float32)
         acc += w.to(tl.float32) * xf
         if GATED:
             acc_up += w2.to(tl.float32) * xf
     out, out_up = reduce_accumulators(acc, acc_up, False)
-    if QUANTIZE_X:
-        out = out * x_scale[None, :]
-        out_up = out_up * x_scale[None, :]
     out = out * tl.load(ws_ptr + rows)[:, None]
     if GATED:
         out_up = out_up * tl.load(ws_ptr + rows + N)[:, None]
@@ -82,17 +70,16 @@ def _fp8_variant_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_p
                    pid_n, pid_k, M, N, HAS_BIAS, GATED, SPLIT_K)
 
 
-def fp8_variant(x, x_scale, weight, weight_scale, bias, gated, cfg, quantize_x):
+def w8a16(x, weight, weight_scale, bias, gated, cfg):
     k = weight.shape[1]
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     x2 = as_rows(x, k, 1)
     y, tiles, partials, counts = launch_buffers(x, 1, n, cfg, gated)
-    _fp8_variant_kernel[(tiles, cfg.split_k)](
-        x2, x_scale, weight, weight_scale, bias if bias is not None else weight_scale, y,
-        partials, counts, 1, n, k, HAS_BIAS=bias is not None, GATED=gated,
-        QUANTIZE_X=quantize_x, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-        EVEN_K=k % cfg.block_k == 0, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
-        **pdl.launch_options(x.device))
+    _w8a16_kernel[(tiles, cfg.split_k)](
+        x2, weight, weight_scale, bias if bias is not None else weight_scale, y, partials,
+        counts, 1, n, k, HAS_BIAS=bias is not None, GATED=gated, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, EVEN_K=k % cfg.block_k == 0,
+        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, **pdl.launch_options(x.device))
     return y
 
 
@@ -166,12 +153,18 @@ def main():
         timed = sweep(f"fp8 {shape.name}", around(tuned, "fp8"), f8_call, f8s, ref, nbytes,
                       deadline, 1e-2)
         best = min(timed, key=timed.get)
-        x_scale = (x.float().abs().amax(dim=-1) / 448.0).clamp_min(1e-12)
+        row_amax = x.float().abs().amax(dim=-1)
         variants = {}
-        for name, quant, want in (("scale_loaded", True, ref),
-                                  ("w8a16", False, _w8a16_reference(x, *f8, bias, shape.gated))):
-            def v_call(cfg, w, quant=quant):
-                return fp8_variant(x, x_scale, w[0], w[1], bias, shape.gated, cfg, quant)
+
+        def amax_given(cfg, w):
+            if shape.gated:
+                return fp8_gemv.fp8_gated_gemv(x, w[0], w[1], cfg, row_amax=row_amax)
+            return fp8_gemv.fp8_gemv(x, w[0], w[1], bias, cfg, row_amax=row_amax)
+
+        def w8(cfg, w):
+            return w8a16(x, w[0], w[1], bias, shape.gated, cfg)
+        for name, v_call, want in (("row_amax", amax_given, ref),
+                                   ("w8a16", w8, _w8a16_reference(x, *f8, bias, shape.gated))):
             vt = sweep(f"fp8 {name} {shape.name}", [tuned, best], v_call, f8s, want, nbytes,
                        deadline + 30, 1e-2)
             if vt:
@@ -214,7 +207,7 @@ def main():
         tuned = sum(r[kind]["tuned_us"] for r in results) * LAYERS / 1e3
         best = sum(r[kind]["best_us"] for r in results) * LAYERS / 1e3
         print(f"the 40 layers' one-row {kind} GEMMs: tuned {tuned:.3f} ms, best {best:.3f} ms")
-    for name in ("scale_loaded", "w8a16"):
+    for name in ("row_amax", "w8a16"):
         if all(name in r["fp8"]["variants"] for r in results):
             ms = sum(r["fp8"]["variants"][name]["us"] for r in results) * LAYERS / 1e3
             print(f"the 40 layers' one-row fp8 GEMMs, {name}: {ms:.3f} ms")

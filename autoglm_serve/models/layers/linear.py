@@ -17,17 +17,25 @@ from autoglm_serve.models.layers.parallel_state import tp_rank, tp_world_size
 
 
 class LinearMethod:
+    # whether ``apply`` uses ``row_amax``, each input row's max |x|: a method that quantizes its
+    # activations per token, whose producer (a fused RMSNorm) then computes it on the way
+    uses_row_amax = False
+
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int,
                        dtype: torch.dtype | None) -> None:
         raise NotImplementedError
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
+              row_amax: torch.Tensor | None = None) -> torch.Tensor:
+        """x @ weight^T + bias. row_amax: float32 [rows], max |x| of each row from the kernel
+        that wrote x, or None (where ``uses_row_amax``, the method then computes it)."""
         raise NotImplementedError
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Called once the checkpoint (or dummy weights) is in: repack, quantize, check."""
 
-    def apply_gated_silu(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    def apply_gated_silu(self, layer: nn.Module, x: torch.Tensor,
+                         row_amax: torch.Tensor | None = None) -> torch.Tensor | None:
         """silu(gate) * up of a [gate; up] layer in one fused pass, or None where this method has
         no such pass (the caller then applies the layer and SiluAndMul)."""
         return None
@@ -56,10 +64,10 @@ class UnquantizedLinearMethod(LinearMethod):
         layer.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype),
                                     requires_grad=False)
 
-    def apply(self, layer, x, bias):
+    def apply(self, layer, x, bias, row_amax=None):
         return dense_linear(x, layer.weight, bias)
 
-    def apply_gated_silu(self, layer, x):
+    def apply_gated_silu(self, layer, x, row_amax=None):
         if layer.bias is not None or not uses_gemv(x, layer.weight, gated=True):
             return None
         from autoglm_serve.kernels import gemv
@@ -73,7 +81,7 @@ class DeferredLinearMethod(LinearMethod):
     def create_weights(self, layer, in_features, out_features, dtype):
         pass
 
-    def apply(self, layer, x, bias):
+    def apply(self, layer, x, bias, row_amax=None):
         raise RuntimeError("this linear layer was never given its quantization method")
 
 
@@ -115,8 +123,8 @@ class LinearBase(nn.Module):
             if name != "bias" and not hasattr(param, "weight_loader"):
                 param.weight_loader = self.weight_loader
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_method.apply(self, x, self.bias)
+    def forward(self, x: torch.Tensor, row_amax: torch.Tensor | None = None) -> torch.Tensor:
+        return self.linear_method.apply(self, x, self.bias, row_amax)
 
     def weight_loader(self, param, loaded, shard_id=None):
         default_weight_loader(param, loaded)

@@ -35,11 +35,14 @@ class RMSNorm(nn.Module):
         return self._norm(x), x
 
 
-def rms_norm_pair(first: RMSNorm, second: RMSNorm, x: torch.Tensor, residual: torch.Tensor):
+def rms_norm_pair(first: RMSNorm, second: RMSNorm, x: torch.Tensor, residual: torch.Tensor,
+                  row_amax: bool = False):
     """second(first(x), residual): a sublayer output's own norm, the residual add and the next
-    norm (GLM-4's sandwich norms), one kernel when fused. Returns (normed sum, sum)."""
+    norm (GLM-4's sandwich norms), one kernel when fused. Returns (normed sum, sum, amax): amax
+    is each normed row's max |value| (float32 [rows]) where ``row_amax`` asks and the kernel
+    is fused, else None (an FP8 layer taking the rows then computes it itself)."""
     fused = fused_ops_for(x)
     if fused is not None:
         return fused.rms_norm_pair(x, residual, first.weight, first.eps, second.weight,
-                                   second.eps)
-    return second(first(x), residual)
+                                   second.eps, row_amax)
+    return *second(first(x), residual), None
