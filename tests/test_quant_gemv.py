@@ -114,6 +114,20 @@ def test_fp8_gemv_amax_in_chunks_wider_than_the_tile():
     assert rel(out, fp8_reference(x, w, ws)) < 5e-3
 
 
+@pytest.mark.parametrize("m", [1, 3])
+def test_fp8_gemv_divides_by_the_scale_as_quantize_rows(m):
+    """bf16 rows whose amax is 3.875: x * (1 / scale) and x / scale round ~0.7% of the elements
+    to different e4m3 values (1% of the product); the kernel divides as the reference does, so
+    only the bf16 output rounding (~1e-3) and summation order are left."""
+    g = gen()
+    w, ws = random_fp8(256, 4096, DEVICE, g)
+    x = torch.randn(m, 4096, generator=g).clamp(-3.8, 3.8)
+    x[:, 7] = 3.875
+    x = x.to(DEVICE, torch.bfloat16)
+    out = fp8_gemv.fp8_gemv(x, w, ws, None, Config(16, 512, 1, dot=m > 1))
+    assert rel(out, fp8_reference(x, w, ws)) < 2e-3
+
+
 @pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("m", [1, 3])
 def test_fp8_gemv_given_the_row_amax_is_bitwise_its_own_pass(m, gated):
