@@ -119,3 +119,22 @@ def test_fp8_decode_takes_the_norms_row_amax_bitwise(tmp_path, arch, eager, monk
         assert ta == tb
         for x, y in zip(with_amax[rid_a], own_pass[rid_b]):
             assert torch.equal(x, y)
+
+
+def test_mixed_steps_compile_nothing_once_serving(tmp_path, caplog):
+    """Start-up compiles the decode kernel that mixed steps run (decodes beside a prompt chunk,
+    their K/V written by the write kernel) for every decode split, as well as the decode
+    graphs' own variant: 40 prompts admitted a chunk at a time give mixed steps of 1 to 39
+    decodes (decode splits of 64, 32, 16 and 8 partitions), and no Triton kernel compiles."""
+    import logging
+    path = build(tmp_path, "glm4-real-shapes")
+    llm = LLM(str(path), skip_tokenizer_init=True, dtype="bfloat16", block_size=16,
+              max_num_batched_tokens=96, kv_cache_memory_gib=1, max_num_seqs=64)
+    prompts = [[3 + (i * 7 + j) % 200 for j in range(20 + i % 9)] for i in range(40)]
+    with caplog.at_level(logging.WARNING, logger="autoglm_serve.kernels.compile_watch"):
+        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24,
+                                                    ignore_eos=True))
+    assert all(len(o.outputs[0].token_ids) == 24 for o in outs)
+    compiles = [r.getMessage() for r in caplog.records if "compiled while serving" in
+                r.getMessage()]
+    assert not compiles, compiles

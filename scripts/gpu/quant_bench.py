@@ -253,6 +253,11 @@ def run_worker(args, mode: str, deadline: float) -> list[dict]:
         if line.startswith("{"):
             lines.append(json.loads(line))
             print(line, flush=True)
+    # kernels/compile_watch.py's warnings: a figure that paid Triton compiles (a cold cache
+    # makes the first mode's offline figure up to 2x slow where start-up missed a variant)
+    compiles = [line for line in err.splitlines() if "compiled while serving" in line]
+    if compiles:
+        emit("compiles_while_serving", mode=mode, count=len(compiles), kernels=compiles[:30])
     if code != 0:
         emit("error", mode=mode, code=code, stderr=err[-3000:])
         lines.append(dict(kind="error", mode=mode, code=code))

@@ -24,9 +24,10 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model, device: torch.device, max_num_seqs: int, max_blocks_per_seq: int,
-                 uses_mrope: bool):
+    def __init__(self, model, backend, device: torch.device, max_num_seqs: int,
+                 max_blocks_per_seq: int, uses_mrope: bool):
         self.model = model
+        self.backend = backend      # the Triton attention backend (graphs need it)
         self.device = device
         self.sizes = capture_sizes(max_num_seqs)
         n = self.sizes[-1]
@@ -67,7 +68,13 @@ class DecodeGraphs:
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for bs in reversed(self.sizes):   # largest first: later graphs reuse its memory
-                self._forward(bs, max_seq_len)          # warm-up: compile/autotune outside
+                # eager, to compile and autotune outside the graph; with the K/V written by
+                # the write kernel, as in a mixed step of bs decodes, so that this compiles
+                # that step's decode kernel and the capture the graph's (the kernel writes
+                # it itself): mixed steps compiled five variants while serving otherwise, 1.0-
+                # 1.4 s each on the H200 (quant_bench's offline figure, a cold Triton cache)
+                with self.backend.kv_write_kernel():
+                    self._forward(bs, max_seq_len)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool, stream=stream):
                     self.logits[bs] = self._forward(bs, max_seq_len)

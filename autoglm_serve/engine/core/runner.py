@@ -185,7 +185,7 @@ class ModelRunner:
 
     def capture_cuda_graphs(self) -> None:
         from autoglm_serve.engine.core.cuda_graphs import DecodeGraphs
-        self.graphs = DecodeGraphs(self.model, self.device, self.max_num_seqs,
+        self.graphs = DecodeGraphs(self.model, self.backend, self.device, self.max_num_seqs,
                                    self.max_blocks_per_seq, self.uses_mrope)
         self.graphs.capture(self.max_model_len)
 

@@ -14,6 +14,8 @@ each there (torch 2.11, scripts/gpu/cudnn_shape_probe.py), and every new prompt 
 """
 from __future__ import annotations
 
+import contextlib
+
 import logging
 
 import torch
@@ -48,6 +50,17 @@ class TritonAttentionBackend(AttentionBackend):
         self._merge_counters: dict[torch.device, torch.Tensor] = {}
         # Outgrown counter buffers: CUDA graphs captured with them still use them.
         self._outgrown: list[torch.Tensor] = []
+
+    @contextlib.contextmanager
+    def kv_write_kernel(self):
+        """Within, a step of decodes alone writes its K/V with the write kernel too, running
+        the decode kernel's variant that mixed steps (decodes beside prompt chunks) run."""
+        was = self.fuse_decode_kv_write
+        self.fuse_decode_kv_write = False
+        try:
+            yield
+        finally:
+            self.fuse_decode_kv_write = was
 
     def decode_split(self, num_decodes: int, num_kv_heads: int,
                      device: torch.device) -> DecodeSplit:
