@@ -10,8 +10,8 @@ workspaces):
 - each program first computes the amax of its activation rows over all of K (x is a few KB and
   sits in L2), so the per-token scale needs no other kernel; where the kernel that wrote x
   computed the amax on the way (GLM's fused norm pair before qkv and gate_up: ``row_amax``),
-  it is loaded instead: that pass cost gate_up 40.1 -> 30.6 us and qkv 10.2 -> 8.3 at one row
-  on the H200 (scripts/gpu/quant_gemv_depth.py, BENCHMARKS.md);
+  it is loaded instead: gate_up 40.4 -> 31.5 us and qkv 10.4 -> 9.2 at one row on the H200
+  (scripts/gpu/quant_gemv_depth.py, BENCHMARKS.md);
 - in the K loop the activation tile is quantized the same way (x / scale, saturated, rounded
   to e4m3); the products of two e4m3 values are exact in fp32, so the sum is the W8A8
   product ``_scaled_mm`` computes, up to summation order: on CUDA cores (one row) the weight
@@ -88,7 +88,8 @@ def select_config(m: int, n: int, k: int, gated: bool = False) -> GemvConfig:
 
 @triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr, amax_ptr,
-                     M, N, K, HAS_AMAX: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr, USE_DOT: tl.constexpr,
+                     M, N, K, HAS_AMAX: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     GATED: tl.constexpr, USE_DOT: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr,
                      AMAX_BLOCK: tl.constexpr, PDL: tl.constexpr):
