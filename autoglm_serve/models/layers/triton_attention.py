@@ -15,7 +15,6 @@ each there (torch 2.11, scripts/gpu/cudnn_shape_probe.py), and every new prompt 
 from __future__ import annotations
 
 import contextlib
-
 import logging
 
 import torch
