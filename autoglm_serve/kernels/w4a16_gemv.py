@@ -56,21 +56,22 @@ ODD_EXP = 0x41800000
 
 # (kind, rows bucket, N, K, group) -> config (or None: kernels/wna16.py), from the H200.
 # (scripts/gpu/quant_gemv_bench.py, 2026-12-01; one row: scripts/gpu/quant_gemv_depth.py,
-# 2026-12-03; comments: this config, the fallback)
+# 2026-12-03, and with the scales prefetched a sweep of tiles, warps and stages, 2026-12-04;
+# comments: this config, the fallback)
 TUNED: dict[tuple[str, int, int, int, int], GemvConfig | None] = {
-    ('gated', 1, 13696, 4096, 128): GemvConfig(128, 128, 4, 4, 2, False),  # 31.4 us (3 stages 32.9), GEMM kernel 228.1
+    ('gated', 1, 13696, 4096, 128): GemvConfig(64, 128, 4, 4, 2, False),  # 30.3 us (128 x 128: 30.7, before the prefetch 31.9), GEMM kernel 228.1
     ('gated', 2, 13696, 4096, 128): GemvConfig(64, 128, 2, 4, 3, True),  # 70.3 us, GEMM kernel 217.5
     ('gated', 4, 13696, 4096, 128): GemvConfig(128, 128, 2, 4, 3, True),  # 72.8 us, GEMM kernel 217.4
     ('gated', 8, 13696, 4096, 128): GemvConfig(128, 128, 2, 4, 3, True),  # 75.3 us, GEMM kernel 217.3
-    ('linear', 1, 4096, 13696, 128): GemvConfig(128, 128, 16, 4, 4, False),  # 17.3 us (split 8: 20.6), GEMM kernel 114.2
+    ('linear', 1, 4096, 13696, 128): GemvConfig(256, 128, 16, 4, 2, False),  # 15.0 us (before the prefetch 17.6), GEMM kernel 114.2
     ('linear', 2, 4096, 13696, 128): GemvConfig(128, 128, 8, 4, 3, True),  # 40.5 us, GEMM kernel 111.0
     ('linear', 4, 4096, 13696, 128): GemvConfig(64, 128, 8, 4, 3, True),  # 40.0 us, GEMM kernel 110.8
     ('linear', 8, 4096, 13696, 128): GemvConfig(128, 128, 8, 4, 3, True),  # 45.8 us, GEMM kernel 110.6
-    ('linear', 1, 4608, 4096, 128): GemvConfig(128, 128, 8, 4, 2, False),  # 8.2 us (3 stages 8.5), GEMM kernel 59.6
+    ('linear', 1, 4608, 4096, 128): GemvConfig(128, 128, 8, 4, 2, False),  # 8.1 us (before the prefetch 8.2), GEMM kernel 59.6
     ('linear', 2, 4608, 4096, 128): GemvConfig(128, 128, 8, 4, 3, True),  # 15.5 us, GEMM kernel 57.4
     ('linear', 4, 4608, 4096, 128): GemvConfig(128, 128, 8, 4, 3, True),  # 15.8 us, GEMM kernel 57.4
     ('linear', 8, 4608, 4096, 128): GemvConfig(128, 128, 8, 4, 3, True),  # 17.5 us, GEMM kernel 57.6
-    ('linear', 1, 4096, 4096, 128): GemvConfig(128, 128, 8, 4, 3, False),  # 7.0 us, GEMM kernel 35.7
+    ('linear', 1, 4096, 4096, 128): GemvConfig(128, 128, 16, 4, 2, False),  # 6.6 us (before the prefetch 7.1), GEMM kernel 35.7
     ('linear', 2, 4096, 4096, 128): GemvConfig(128, 128, 8, 4, 3, True),  # 13.0 us, GEMM kernel 36.0
     ('linear', 4, 4096, 4096, 128): GemvConfig(128, 128, 8, 4, 3, True),  # 13.4 us, GEMM kernel 35.9
     ('linear', 8, 4096, 4096, 128): GemvConfig(128, 128, 8, 4, 3, True),  # 14.6 us, GEMM kernel 35.9
@@ -97,17 +98,15 @@ def select_config(m: int, n: int, k: int, group: int, gated: bool = False) -> Ge
 
 
 @triton.jit
-def _tile_dot(acc, p, s_ptrs, z_ptrs, x_ptrs, x_mask, HAS_ZEROS: tl.constexpr,
+def _tile_dot(acc, p, sc, z, x_ptrs, x_mask, HAS_ZEROS: tl.constexpr,
               ONE_GROUP: tl.constexpr, COMPILED: tl.constexpr):
-    """acc [BN, BM] += the tensor-core products of one tile: p the packed words [BN, BW], x_ptrs
-    [BM, BW] the activations of nibble 0 of each word. The weights enter the MMA as the exact
-    integers q - z in x's dtype (``_integer_weights``); a tile inside one group is scaled once,
-    after its MMAs, else each weight is scaled first (one rounding, as dequantizing does)."""
+    """acc [BN, BM] += the tensor-core products of one tile: p the packed words [BN, BW], sc and
+    z its groups' scales and zeros (``_group_params``), x_ptrs [BM, BW] the activations of
+    nibble 0 of each word. The weights enter the MMA as the exact integers q - z in x's dtype
+    (``_integer_weights``); a tile inside one group is scaled once, after its MMAs, else each
+    weight is scaled first (one rounding, as dequantizing does)."""
     dtype: tl.constexpr = x_ptrs.dtype.element_ty
-    sc = _load_unpinned(s_ptrs, COMPILED)
-    if HAS_ZEROS:
-        z = _load_unpinned(z_ptrs, COMPILED)
-    else:
+    if not HAS_ZEROS:
         z = 8.0
     if dtype == tl.bfloat16:
         offset: tl.constexpr = 128.0
@@ -229,17 +228,15 @@ def _load_unpinned(ptrs, COMPILED: tl.constexpr):
 
 
 @triton.jit
-def _tile_cuda_cores(acc, p, s_ptrs, z_ptrs, xs, even_exp, odd_exp, HAS_ZEROS: tl.constexpr,
-                     COMPILED: tl.constexpr):
+def _tile_cuda_cores(acc, p, sc, z, xs, even_exp, odd_exp, HAS_ZEROS: tl.constexpr):
     """acc [BN, BM, BW] += the products of one tile on CUDA cores, p the packed words
-    [BN, 1, BW], xs ``_x_values`` ([BM, BW] each). The group's scale and zero are factored
-    out of each word's sum: with v_j = 2**e_j + q_j (``_integer_nibble``),
-    sum_j x_j (q_j - z) s = s (sum_j x_j v_j - offset - z total), so a weight costs its
-    LOP3 and one fma (plus a shift per two), the scale and zero two fmas per word."""
+    [BN, 1, BW], sc and z its groups' scales and zeros (``_group_params``), xs ``_x_values``
+    ([BM, BW] each). The group's scale and zero are factored out of each word's sum: with
+    v_j = 2**e_j + q_j (``_integer_nibble``), sum_j x_j (q_j - z) s = s (sum_j x_j v_j -
+    offset - z total), so a weight costs its LOP3 and one fma (plus a shift per two), the
+    scale and zero two fmas per word."""
     x0, x1, x2, x3, x4, x5, x6, x7, offset, total = xs
-    sc = _load_unpinned(s_ptrs, COMPILED)
     if HAS_ZEROS:
-        z = _load_unpinned(z_ptrs, COMPILED)
         t = tl.fma(-z, total[None, :, :], -offset[None, :, :])
     else:          # symmetric: the zero 8 is x's alone
         t = tl.zeros_like(acc) - tl.fma(total, 8.0, offset)[None, :, :]
@@ -252,6 +249,28 @@ def _tile_cuda_cores(acc, p, s_ptrs, z_ptrs, xs, even_exp, odd_exp, HAS_ZEROS: t
     t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 6), x6[None, :, :], t)
     t = tl.fma(_integer_nibble(p, even_exp, odd_exp, 7), x7[None, :, :], t)
     return tl.fma(t, sc, acc)
+
+
+@triton.jit
+def _group_offsets(r, wo, k, groups, GROUP: tl.constexpr, ONE_GROUP: tl.constexpr):
+    """Offsets into scales and zeros of the groups the tile at K offset k lies in: one per row
+    when ONE_GROUP, else one per word (clamped: masked words past K would name a group past
+    the last)."""
+    if ONE_GROUP:
+        g = r * groups + k // GROUP
+    else:
+        g = r * groups + tl.minimum((k + wo * 8) // GROUP, groups - 1)
+    return g
+
+
+@triton.jit
+def _group_params(s_ptrs, z_ptrs, HAS_ZEROS: tl.constexpr, COMPILED: tl.constexpr):
+    """A tile's scales and zeros as fp32 (no zeros: the scales again, unused)."""
+    sc = _load_unpinned(s_ptrs, COMPILED)
+    z = sc
+    if HAS_ZEROS:
+        z = _load_unpinned(z_ptrs, COMPILED)
+    return sc, z
 
 
 @triton.jit
@@ -297,13 +316,28 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
     x_base = x_ptr + offs_m[:, None] * x_stride + (offs_w * (4 if X_PAIRS else 8))[None, :]
 
     k_start, k_end = split_k_range(pid_k, K, BLOCK_K, SPLIT_K)
+    # Scales and zeros are loaded a tile ahead of their use: in the loop body their load
+    # latency stalled every tile (the weights and x are pipelined by Triton, these loads are
+    # inline PTX, see _load_unpinned). They are weights, which no kernel writes, so the first
+    # tile's load goes before the wait for the previous kernel.
+    up = N * groups
+    # (a program past K's last chunk runs no tile: it must not read past the last group)
+    g = _group_offsets(r, wo, tl.minimum(k_start, k_end - 1), groups, GROUP, ONE_GROUP)
+    sc, z = _group_params(s_ptr + g, z_ptr + g, HAS_ZEROS, COMPILED)
+    sc_up, z_up = sc, z
+    if GATED:
+        sc_up, z_up = _group_params(s_ptr + up + g, z_ptr + up + g, HAS_ZEROS, COMPILED)
     wait_for_previous_grid(PDL)
     for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
+        # the last tile loads its own groups again (in bounds, unused)
+        g = _group_offsets(r, wo, tl.minimum(k + BLOCK_K, k_end - 1), groups, GROUP,
+                           ONE_GROUP)
+        sc_next, z_next = _group_params(s_ptr + g, z_ptr + g, HAS_ZEROS, COMPILED)
+        sc_up_next, z_up_next = sc_next, z_next
+        if GATED:
+            sc_up_next, z_up_next = _group_params(s_ptr + up + g, z_ptr + up + g, HAS_ZEROS,
+                                                  COMPILED)
         w_mask = wo < words - k // 8
-        if ONE_GROUP:    # the tile lies in one group of each row: one scale per row
-            g = r * groups + k // GROUP
-        else:            # masked words past K would name a group past the last: clamp
-            g = r * groups + tl.minimum((k + wo * 8) // GROUP, groups - 1)
         if EVEN_K:       # no masks on the weights: 16-byte loads
             x_mask = m_mask
             p = tl.load(q_gate + k // 8)
@@ -312,24 +346,22 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
             p = tl.load(q_gate + k // 8, mask=w_mask, other=0)
         x_tile = x_base + (k // 2 if X_PAIRS else k)
         if USE_DOT:
-            acc = _tile_dot(acc, p, s_ptr + g, z_ptr + g, x_tile, x_mask, HAS_ZEROS, ONE_GROUP,
-                            COMPILED)
+            acc = _tile_dot(acc, p, sc, z, x_tile, x_mask, HAS_ZEROS, ONE_GROUP, COMPILED)
         else:
             xs = _x_values(x_tile, x_mask, X_PAIRS)
-            acc = _tile_cuda_cores(acc, p, s_ptr + g, z_ptr + g, xs, even_exp, odd_exp,
-                                   HAS_ZEROS, COMPILED)
+            acc = _tile_cuda_cores(acc, p, sc, z, xs, even_exp, odd_exp, HAS_ZEROS)
         if GATED:
             if EVEN_K:
                 p2 = tl.load(q_up + k // 8)
             else:
                 p2 = tl.load(q_up + k // 8, mask=w_mask, other=0)
-            g2 = g + N * groups
             if USE_DOT:
-                acc_up = _tile_dot(acc_up, p2, s_ptr + g2, z_ptr + g2, x_tile, x_mask,
-                                   HAS_ZEROS, ONE_GROUP, COMPILED)
+                acc_up = _tile_dot(acc_up, p2, sc_up, z_up, x_tile, x_mask, HAS_ZEROS,
+                                   ONE_GROUP, COMPILED)
             else:
-                acc_up = _tile_cuda_cores(acc_up, p2, s_ptr + g2, z_ptr + g2, xs, even_exp,
-                                          odd_exp, HAS_ZEROS, COMPILED)
+                acc_up = _tile_cuda_cores(acc_up, p2, sc_up, z_up, xs, even_exp, odd_exp,
+                                          HAS_ZEROS)
+        sc, z, sc_up, z_up = sc_next, z_next, sc_up_next, z_up_next
     if USE_DOT:
         out = acc
         out_up = acc_up
