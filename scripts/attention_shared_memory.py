@@ -53,16 +53,19 @@ def compile_for(kernel, constexprs: dict, arch: int, num_warps: int, num_stages:
 
 def shared_memory(arch: int) -> dict[str, int]:
     """Bytes of shared memory each kernel needs on sm_<arch>, as the launchers configure it
-    (decode at 16 rows, the phone agents' batch, writing its K/V with GLM's rotary as the
-    engine's decode steps do)."""
+    (decode at 16 rows, the phone agents' batch, and at one row, each writing its K/V with
+    GLM's rotary as the engine's decode steps do)."""
     heads = (HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, torch.bfloat16, torch.bfloat16)
-    decode = pa.decode_shape(*heads, pa.decode_split(16, KV_HEADS, 132), pa.DECODE_TILES,
-                             True, HEAD_DIM // 4, True)
+    out = {}
+    for name, rows in (("decode", 16), ("decode-1-row", 1)):   # the two tiles decode_split picks
+        decode = pa.decode_shape(*heads, pa.decode_split(rows, KV_HEADS, 132), None, True,
+                                 HEAD_DIM // 4, True)
+        out[name] = compile_for(pa._decode_kernel, dict(decode.constexprs, PDL=arch >= 90),
+                                arch, decode.num_warps, decode.num_stages).metadata.shared
     prefill = pa.prefill_shape(*heads)
-    return {"decode": compile_for(pa._decode_kernel, dict(decode.constexprs, PDL=arch >= 90),
-                                  arch, decode.num_warps, decode.num_stages).metadata.shared,
-            "prefill": compile_for(pa._prefill_kernel, prefill.constexprs, arch,
-                                   prefill.num_warps, prefill.num_stages).metadata.shared}
+    out["prefill"] = compile_for(pa._prefill_kernel, prefill.constexprs, arch,
+                                 prefill.num_warps, prefill.num_stages).metadata.shared
+    return out
 
 
 def main() -> None:

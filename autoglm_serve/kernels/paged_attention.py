@@ -60,6 +60,15 @@ class DecodeTiles(NamedTuple):
 # a SM lost at 64 x 4k (85.1, 78.8, 74.5, 73.9).
 DECODE_TILES = DecodeTiles(64, 2, fill_programs=3)
 
+# A batch of at most SMALL_BATCH_PAIRS (sequence, KV head) pairs (AutoGLM: 2 sequences) leaves
+# most SMs idle whatever the split, so its time is the latency of a program's chain of loads:
+# 8 warps a program, 2 stages and twice the partitions take it down (decode_tiles_sweep.py on
+# the H200, fifteenth session, one layer: 1 x 512 7.3 -> 5.8 us, 1 x 4k 12.4 -> 10.2, 1 x 10k
+# 18.2 -> 14.3, 2 x 2k 10.6 -> 8.5). In the engine one row's decode step at 4,000 tokens went
+# 5.16 -> 5.10 ms; 4 rows' went 5.52 -> 5.58 (and 16 x 4k lost in the sweep, 26.6 -> 33.3).
+SMALL_BATCH_PAIRS = 4
+SMALL_BATCH_DECODE_TILES = DecodeTiles(64, 8, num_stages=2, parts_scale=2.0)
+
 
 class PrefillTiles(NamedTuple):
     """The prefill kernel's tile: block_m rows of (token, head) pairs against block_n keys."""
@@ -151,6 +160,7 @@ class DecodeSplit(NamedTuple):
     partitions: int     # split-K grid width: programs per (sequence, KV head), a power of two
     min_chunk: int      # fewest context tokens per partition
     num_sms: int        # the GPU's, for DecodeTiles.fill_programs
+    tiles: DecodeTiles = DECODE_TILES
 
 
 def decode_split(num_seqs: int, num_kv_heads: int, num_sms: int,
@@ -162,12 +172,14 @@ def decode_split(num_seqs: int, num_kv_heads: int, num_sms: int,
 
     A batch with fewer (sequence, KV head) pairs than SMs cannot fill the GPU with whole
     contexts: its partitions go down to a single tile, so that at batch 1 a 700-token context of
-    AutoGLM (2 KV heads) reads its KV with 2 x 6 programs rather than 2 x 3."""
+    AutoGLM (2 KV heads) reads its KV with 2 x 6 programs rather than 2 x 3. The tiles too
+    follow the batch: SMALL_BATCH_DECODE_TILES up to SMALL_BATCH_PAIRS pairs."""
     pairs = max(1, num_seqs * num_kv_heads)
     want = math.ceil(4 * num_sms / pairs)
     partitions = max(1, min(_next_pow2(want), max_partitions))
-    min_chunk = DECODE_TILES.tile_n if pairs < num_sms else DECODE_MIN_CHUNK
-    return DecodeSplit(partitions, min_chunk, num_sms)
+    tiles = SMALL_BATCH_DECODE_TILES if pairs <= SMALL_BATCH_PAIRS else DECODE_TILES
+    min_chunk = tiles.tile_n if pairs < num_sms else DECODE_MIN_CHUNK
+    return DecodeSplit(partitions, min_chunk, num_sms, tiles)
 
 
 @triton.jit
@@ -368,11 +380,12 @@ class NewTokenKV(NamedTuple):
 def decode_attention(out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor,
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                      split: DecodeSplit, counters: torch.Tensor,
-                     tiles: DecodeTiles = DECODE_TILES, new_kv: NewTokenKV | None = None) -> None:
+                     tiles: DecodeTiles | None = None, new_kv: NewTokenKV | None = None) -> None:
     """One query token per sequence, one launch. out, q: [N, H, D]; block_tables
     [N, max_blocks] int32; seq_lens [N] int32 (0 = padding row, output zeros). ``split`` fixes
     the grid (see decode_split); each sequence uses as many partitions as its length warrants,
-    so the launch is the same for every step of a CUDA graph. ``counters``: int32, at least
+    so the launch is the same for every step of a CUDA graph; ``tiles`` (None: the split's)
+    is for sweeps. ``counters``: int32, at least
     N * num_kv_heads elements, all zero, left zero (a persistent buffer: graphs replay with it).
     Without ``new_kv`` the step's K/V are already in the cache (and q rotated); with it the
     kernel writes them (q is left as it came)."""
@@ -381,6 +394,7 @@ def decode_attention(out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor,
     if num_seqs == 0:
         return
     num_partitions = split.partitions
+    tiles = tiles or split.tiles
     assert num_partitions == _next_pow2(num_partitions)
     assert counters.dtype == torch.int32 and counters.numel() >= num_seqs * num_kv_heads
     rotary_half = 0
@@ -426,11 +440,12 @@ def _max_parts(pairs: int, split: DecodeSplit, tiles: DecodeTiles) -> int:
 @functools.cache
 def decode_shape(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
                  q_dtype: torch.dtype, kv_dtype: torch.dtype, split: DecodeSplit,
-                 tiles: DecodeTiles = DECODE_TILES, write_kv: bool = False,
+                 tiles: DecodeTiles | None = None, write_kv: bool = False,
                  rotary_half: int = 0, interleaved: bool = False) -> KernelShape:
     """The decode kernel's constexprs (all but PDL, which the device decides), warps and
     stages for these heads, cache and split, and whether it writes the step's K/V (with how
     many rotary pairs a head, see NewTokenKV)."""
+    tiles = tiles or split.tiles
     group = num_heads // num_kv_heads
     block_d = _next_pow2(head_dim)
     constexprs = dict(
