@@ -1,6 +1,6 @@
 """The paged decode kernel's shape at the phone agents' and the offline batches (GPU).
 
-    python scripts/gpu/decode_tiles_sweep.py [--budget-s 150]
+    python scripts/gpu/decode_tiles_sweep.py [--budget-s 150] [--cases 1x512,1x4k]
 
 AutoGLM-Phone-9B's attention (32 query heads, 2 KV heads, head_dim 128, bf16, block 16), one
 layer, decode batches of rows x context tokens: one agent at 10k, the phone-agent issue's 16
@@ -29,8 +29,13 @@ from autoglm_serve.kernels.paged_attention import (  # noqa: E402
 from paged_attention_cases import make_batch, rel_err  # noqa: E402
 
 H, HKV, D = 32, 2, 128
-CASES = {"1x10k": (1, 10_000), "16x4k": (16, 4_000), "16x10k": (16, 10_000),
-         "64x4k": (64, 4_000), "256x1k": (256, 1_000)}
+CASES = "1x10k,16x4k,16x10k,64x4k,256x1k"
+
+
+def parse_case(name: str) -> tuple[int, int]:
+    """'16x4k' -> (16 rows, 4,000 tokens of context)."""
+    rows, context = name.split("x")
+    return int(rows), int(float(context.rstrip("k")) * (1000 if context.endswith("k") else 1))
 
 
 def main() -> None:
@@ -38,11 +43,19 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=150)
     ap.add_argument("--bandwidth-tbs", type=float, default=4.3,
                     help="the copy bandwidth measured on the card (H200: ~4.3 TB/s)")
+    ap.add_argument("--cases", default=CASES, help="rows x context, comma-separated")
+    ap.add_argument("--tile-n", default="64,128,32")
+    ap.add_argument("--warps", default="4,8,2")
+    ap.add_argument("--stages", default="none,2,4", help="none: as shared memory allows")
+    ap.add_argument("--parts-scale", default="1,0.5,0.25,2,0")
+    ap.add_argument("--no-capped", action="store_true",
+                    help="skip the current tiles capped at 5, 6, 8 and 3 programs a SM")
     args = ap.parse_args()
+    cases = {name: parse_case(name) for name in args.cases.split(",")}
     start = time.monotonic()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     batches = {}
-    for name, (rows, context) in CASES.items():
+    for name, (rows, context) in cases.items():
         b = make_batch([context] * rows, [], num_heads=H, num_kv_heads=HKV, head_dim=D,
                        block_size=16, dtype=torch.bfloat16, device="cuda")
         b.kv_cache.normal_()
@@ -58,9 +71,13 @@ def main() -> None:
 
     # partitions capped at a number of programs per SM first (the sixth session's sweep swept
     # the rest): 4 a SM took 16 x 10k from 59.3 to 49.8 us but 64 x 4k from 75.2 to 85.1
-    capped = [DecodeTiles(64, 2, None, 1.0, programs) for programs in (5, 6, 8, 3)]
+    capped = [] if args.no_capped else [DecodeTiles(64, 2, None, 1.0, programs)
+                                        for programs in (5, 6, 8, 3)]
+    ints = lambda text: [int(v) for v in text.split(",")]   # noqa: E731
+    stages = [None if v == "none" else int(v) for v in args.stages.split(",")]
     grid = [DECODE_TILES] + capped + [DecodeTiles(n, w, s, p) for n, w, s, p in itertools.product(
-        (64, 128, 32), (4, 8, 2), (None, 2, 4), (1.0, 0.5, 0.25, 2.0))]
+        ints(args.tile_n), ints(args.warps), stages,
+        [float(v) for v in args.parts_scale.split(",")])]
     rows = []
     for tiles in grid:
         if time.monotonic() - start > args.budget_s:
@@ -86,14 +103,14 @@ def main() -> None:
     print("\n| tiles (tile_n, warps, stages, parts_scale, fill_programs) | "
           + " | ".join(f"{k} us (floor {v[2]:.0f})" for k, v in batches.items())
           + " | total us |")
-    print("| --- |" + " --- |" * (len(CASES) + 1))
+    print("| --- |" + " --- |" * (len(cases) + 1))
     current = next((r for r in rows if r[1] == DECODE_TILES), None)
     shown = rows[:12] + ([current] if current is not None and current not in rows[:12] else [])
     for total, tiles, times in shown:
         mark = " (current)" if tiles == DECODE_TILES else ""
-        print(f"| {tuple(tiles)}{mark} | " + " | ".join(f"{times[k]:.1f}" for k in CASES)
+        print(f"| {tuple(tiles)}{mark} | " + " | ".join(f"{times[k]:.1f}" for k in cases)
               + f" | {total:.1f} |")
-    best16 = min(rows, key=lambda r: r[2]["16x10k"]) if rows else None
+    best16 = min(rows, key=lambda r: r[2]["16x10k"]) if rows and "16x10k" in cases else None
     if best16:
         print(f"\nbest at 16x10k: {tuple(best16[1])}: "
               + " ".join(f"{k} {v:.1f}" for k, v in best16[2].items()))

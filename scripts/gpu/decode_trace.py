@@ -1,7 +1,7 @@
 """Decode steps of a small batch at long context: what one costs and where it goes (GPU).
 
     python scripts/gpu/decode_trace.py [--rows 1,16] [--contexts 100,4000,10000] [--profile]
-        [--separate-kv-write]
+        [--separate-kv-write] [--quantization fp8]
 
 The phone-agent issue's question: 16 decoding agents at ~4,000 tokens of context took 14-15 ms
 a step served, against ~5 ms for the GEMMs alone. For each context length this submits --rows
@@ -44,6 +44,7 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=25480)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--separate-kv-write", action="store_true")
+    ap.add_argument("--quantization", default=None, help="e.g. fp8 or compressed-tensors")
     args = ap.parse_args()
     if args.separate_kv_write:
         from autoglm_serve.models.layers.triton_attention import TritonAttentionBackend
@@ -52,7 +53,7 @@ def main() -> None:
 
     llm = LLM("autoglm-phone-9b", load_format="dummy", dtype="bfloat16",
               max_model_len=args.max_model_len, skip_tokenizer_init=True,
-              gpu_memory_utilization=0.85)
+              gpu_memory_utilization=0.85, quantization=args.quantization)
     runner = llm.engine.core.runner
     steps: list[tuple[float, int, int, torch.cuda.Event, torch.cuda.Event]] = []
     launch = runner.launch
