@@ -5,8 +5,9 @@ ptxas and cuobjdump bundled with Triton).
 
     python3 scripts/quant_gemv_sass.py w4 1,64,128,2,0,0 fp8 1,16,512,1,0,0
 
-Each config: BLOCK_M,BLOCK_N,BLOCK_K,SPLIT_K,dot,gated (BLOCK_M as the launcher pads it:
-16 for dot, else the rows rounded up to a power of two); num_warps 4, num_stages 3.
+Each config: BLOCK_M,BLOCK_N,BLOCK_K,SPLIT_K,dot,gated[,num_warps,num_stages] (BLOCK_M as
+the launcher pads it: 16 for dot, else the rows rounded up to a power of two; num_warps 4 and
+num_stages 3 unless given).
 """
 from __future__ import annotations
 
@@ -93,16 +94,17 @@ def main():
     if len(args) < 2 or len(args) % 2:
         sys.exit(__doc__)
     for kind, spec in zip(args[::2], args[1::2]):
-        bm, bn, bk, split, dot, gated = (int(v) for v in spec.split(","))
-        kernel = compile_kernel(kind, bm, bn, bk, split, bool(dot), bool(gated))
+        bm, bn, bk, split, dot, gated, *launch = (int(v) for v in spec.split(","))
+        warps, stages = launch + [4, 3][len(launch):]
+        kernel = compile_kernel(kind, bm, bn, bk, split, bool(dot), bool(gated), warps, stages)
         usage, sass = disassemble(kernel)
         regs = re.search(r"REG:(\d+)", usage)
         spills = re.search(r"LOCAL:(\d+)", usage)
         mix = loop_mix(sass)
-        weights = bn * bk * (2 if gated else 1) / (32 * 4)     # per thread, 4 warps
+        weights = bn * bk * (2 if gated else 1) / (32 * warps)     # per thread
         print(f"{kind} {spec}: {regs and regs.group(1)} registers, {spills and spills.group(1)} "
               f"bytes local, loop {sum(mix.values())} instructions = "
-              f"{sum(mix.values()) / weights:.1f} per weight; {mix.most_common(8)}", flush=True)
+              f"{sum(mix.values()) / weights:.1f} per weight; {mix.most_common(12)}", flush=True)
 
 
 if __name__ == "__main__":
