@@ -246,9 +246,10 @@ def run_worker(args, mode: str, deadline: float) -> list[dict]:
                               env={**os.environ, "OMP_NUM_THREADS": os.environ.get(
                                   "OMP_NUM_THREADS", "1" if args.smoke else "8")})
         out, err, code = proc.stdout, proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as e:
-        raw = e.stdout or b""
-        out, err, code = raw.decode() if isinstance(raw, bytes) else raw, "", "timeout"
+    except subprocess.TimeoutExpired as e:   # past its share of --budget-s: keep what it said
+        def text(raw):
+            return raw.decode() if isinstance(raw, bytes) else (raw or "")
+        out, err, code = text(e.stdout), text(e.stderr), "timeout"
     for line in out.splitlines():
         if line.startswith("{"):
             lines.append(json.loads(line))
