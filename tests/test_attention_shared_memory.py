@@ -21,7 +21,8 @@ def test_attention_kernels_fit_a_24gb_cards_shared_memory():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     needs = {tuple(line.split()[:2]): int(line.split()[2]) for line in r.stdout.splitlines()}
-    assert set(needs) == {(f"sm_{a}", k) for a in (86, 89) for k in ("decode", "decode-1-row", "prefill")}
+    kernels = ("decode", "decode-1-row", "prefill")
+    assert set(needs) == {(f"sm_{a}", k) for a in (86, 89) for k in kernels}
     for (arch, kernel), nbytes in needs.items():
         # more than a single K/V tile's 16 KB: the pipeline's buffers are there
         assert 16 * 1024 < nbytes <= LIMIT_99_KB, f"{arch} {kernel}: {nbytes} bytes"

@@ -5,10 +5,11 @@
 AutoGLM-Phone-9B's attention (32 query heads, 2 KV heads, head_dim 128, bf16, block 16), one
 layer, decode batches of rows x context tokens: one agent at 10k, the phone-agent issue's 16
 rows at 4k and 10k, and larger batches at shorter contexts. Every DecodeTiles of the grid below
-runs each case, checked against the current DECODE_TILES' output, then is timed as a CUDA-graph
+runs each case, checked against the output of the tiles decode_split picks for it
+(SMALL_BATCH_DECODE_TILES up to 2 sequences, else DECODE_TILES), then is timed as a CUDA-graph
 replay (the engine replays decode steps; do_bench_cudagraph median). Each case's floor is its KV
-bytes over --bandwidth-tbs. Prints a markdown table, best total first; DECODE_TILES is the row
-to copy if it wins without losing a case.
+bytes over --bandwidth-tbs. Prints a markdown table, best total first, the two current tiles
+marked: a row to copy if it wins without losing a case.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 from autoglm_serve.kernels.paged_attention import (  # noqa: E402
-    DECODE_TILES, DecodeTiles, decode_attention, decode_split)
+    DECODE_TILES, SMALL_BATCH_DECODE_TILES, DecodeTiles, decode_attention, decode_split)
 from paged_attention_cases import make_batch, rel_err  # noqa: E402
 
 H, HKV, D = 32, 2, 128
@@ -75,9 +76,11 @@ def main() -> None:
                                         for programs in (5, 6, 8, 3)]
     ints = lambda text: [int(v) for v in text.split(",")]   # noqa: E731
     stages = [None if v == "none" else int(v) for v in args.stages.split(",")]
-    grid = [DECODE_TILES] + capped + [DecodeTiles(n, w, s, p) for n, w, s, p in itertools.product(
-        ints(args.tile_n), ints(args.warps), stages,
-        [float(v) for v in args.parts_scale.split(",")])]
+    grid = [DECODE_TILES, SMALL_BATCH_DECODE_TILES] + capped + [
+        DecodeTiles(n, w, s, p) for n, w, s, p in itertools.product(
+            ints(args.tile_n), ints(args.warps), stages,
+            [float(v) for v in args.parts_scale.split(",")])]
+    grid = list(dict.fromkeys(grid))     # first occurrences, in order
     rows = []
     for tiles in grid:
         if time.monotonic() - start > args.budget_s:
@@ -104,10 +107,10 @@ def main() -> None:
           + " | ".join(f"{k} us (floor {v[2]:.0f})" for k, v in batches.items())
           + " | total us |")
     print("| --- |" + " --- |" * (len(cases) + 1))
-    current = next((r for r in rows if r[1] == DECODE_TILES), None)
-    shown = rows[:12] + ([current] if current is not None and current not in rows[:12] else [])
+    marks = {DECODE_TILES: " (current)", SMALL_BATCH_DECODE_TILES: " (current, <= 2 sequences)"}
+    shown = rows[:12] + [r for r in rows[12:] if r[1] in marks]
     for total, tiles, times in shown:
-        mark = " (current)" if tiles == DECODE_TILES else ""
+        mark = marks.get(tiles, "")
         print(f"| {tuple(tiles)}{mark} | " + " | ".join(f"{times[k]:.1f}" for k in cases)
               + f" | {total:.1f} |")
     best16 = min(rows, key=lambda r: r[2]["16x10k"]) if rows and "16x10k" in cases else None
