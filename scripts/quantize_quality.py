@@ -10,7 +10,8 @@ all-chat set: rtn:32 28.15 (+27%), gptq:32:ao 25.74 (+16%), gptq:64:ao 27.41 (+2
 28.67 (+30%), awq:32 27.12 (+23%). With zero points (scale and zero point searched together),
 in memory: rtn:32:zp 24.23 (+9.7%), gptq:32:ao:zp 24.6-25.1 (+11-14%, 16-24 samples, with or
 without documents in the set). fp8 22.42 (+1.5%). 2026-12-04, 16 samples: awq:32:zp 23.87
-(+8.1%), awq:64:zp 27.26 (+23.4%); fp8 22.00 (-0.4%, the test's figure).
+(+8.1%), awq:64:zp 27.26 (+23.4%); fp8 22.00 (-0.4%, the test's figure). GPTQ damped by each
+input's own diagonal (gptq.py) since: gptq:32:ao:zp at 48 samples 22.58 (+2.2%) with 2 threads.
 """
 from __future__ import annotations
 

@@ -5,15 +5,17 @@ written checkpoint, and greedy answers to fixed questions.
 The source is the package's Q4_1 GGUF dequantized: every weight already sits on a 16-level grid
 per 32 inputs, w = d*q + m with a float offset m, which no int4 grid with an integer zero point
 (nor a symmetric one) can reproduce; re-quantizing it costs what quantizing twice costs.
-Measured (2026-12-04, float32 checkpoints, 16 calibration samples): unquantized 22.09; RTN group
-32 with zero points (scale and zero point searched together) 24.23 (+9.7%); GPTQ group 32
-act-order with zero points 25.61 (+15.9%, target 3%; 24.6-25.1 with other sets of 16-47
-samples): not better than RTN here (its compensation moves weights off the alignments RTN's
-search found; calibrated on this very text it reaches +2.2%); FP8 (weights, scales searched,
-and per-token activations) 22.00 (-0.4%, target 1%; 22.42 on 2026-12-01, before the FP8 scale
-changes since; the same 22.00 comes out of a per-token fake quantization of our own, so
-transformers does apply the activation quantization). RTN, GPTQ and FP8 all keep the greedy
-answer "Paris". The bounds below hold what is measured; FP8's is the issue's 1%.
+Measured (2026-12-04, float32 checkpoints): unquantized 22.09; RTN group 32 with zero points
+(scale and zero point searched together) 24.23 (+9.7%); GPTQ group 32 act-order with zero
+points, 48 calibration samples (the default), damped by 10% of each input's Hessian diagonal
+(gptq.py) 22.58 (+2.2%) with 2 threads and 23.00 (+4.1%) with 1: the float sums' order flips
+roundings that GPTQ's compensation carries on, so the issue's 3% is met in some runs only (32
+samples +5.0%, 64 +3.4%; damped by 1% of the mean diagonal, as before, +12.2%: worse than
+RTN); FP8 (weights, scales searched, and per-token activations) 22.00 (-0.4%, target 1%; the
+same 22.00 comes out of a per-token fake quantization of our own, so transformers does apply
+the activation quantization). RTN, GPTQ and FP8 all keep the greedy
+answer "Paris". The bounds below: FP8's is the issue's 1%; GPTQ's holds both thread counts and
+beating RTN; RTN's its measured range.
 """
 import copy
 import math
@@ -37,13 +39,12 @@ def checkpoints(tmp_path_factory):
     source = load_source_model(None)
     base = tmp_path_factory.mktemp("smollm2")
     out = {"unquantized": source}
-    # int4: the best variants, group 32 with zero points (GPTQ with act-order)
+    # int4: the best variants, group 32 with zero points (GPTQ with act-order, default samples)
     options = {"rtn": dict(group_size=32, symmetric=False),
                "gptq": dict(group_size=32, act_order=True, symmetric=False), "fp8": {}}
     for method, kw in options.items():
         out[method] = write_quantized_checkpoint(copy.deepcopy(source), base / method, method,
-                                                 num_samples=16, max_tokens=512, dtype=torch.float32,
-                                                 **kw)
+                                                 max_tokens=512, dtype=torch.float32, **kw)
     return out
 
 
@@ -88,7 +89,8 @@ def test_w4a16_perplexity_bounded(results):
     base = results["unquantized"][0]
     assert results["rtn"][0] > base * 1.05          # int4 costs something: these are real int4 weights
     assert results["rtn"][0] <= base * 1.11
-    assert results["gptq"][0] <= base * 1.16
+    assert results["gptq"][0] <= base * 1.05       # issue 12 asks 3%: met with 2 threads only
+    assert results["gptq"][0] < results["rtn"][0]
 
 
 @pytest.mark.parametrize("name", ["unquantized", "rtn", "gptq", "fp8"])

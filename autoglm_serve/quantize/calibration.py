@@ -22,6 +22,7 @@ import torch
 
 from autoglm_serve.bench.phone_agent import SYSTEM_PROMPT, TASKS, fallback_reply
 from autoglm_serve.quantize.calibration_documents import DOCUMENTS
+from autoglm_serve.quantize.methods import DEFAULT_NUM_SAMPLES
 from autoglm_serve.quantize.calibration_texts import LONG_TURNS, SHORT_TURNS
 
 
@@ -75,7 +76,7 @@ def conversations(num_samples: int, with_images: bool) -> list[list[dict]]:
     return out
 
 
-def calibration_samples(tokenizer, num_samples: int = 32, max_tokens: int = 512,
+def calibration_samples(tokenizer, num_samples: int = DEFAULT_NUM_SAMPLES, max_tokens: int = 512,
                         image_dir=None, image_token_id: int | None = None,
                         max_pixels: int = 500_000) -> list[CalibrationSample]:
     """`image_dir` (the checkpoint's preprocessor config) and `image_token_id` turn screenshots

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from autoglm_serve.quantize.methods import METHODS
+from autoglm_serve.quantize.methods import DEFAULT_NUM_SAMPLES, METHODS
 
 _DTYPES = ("bfloat16", "float16", "float32")
 
@@ -31,7 +31,8 @@ def add_quantize_subcommand(subparsers: argparse._SubParsersAction) -> argparse.
     p.add_argument("--zero-points", action="store_true",
                    help="int4 with an integer zero point per group (asymmetric, as llm-compressor's "
                         "W4A16_ASYM); transformers loads it with CompressedTensorsConfig(dequantize=True)")
-    p.add_argument("--num-samples", type=int, default=32, help="calibration conversations")
+    p.add_argument("--num-samples", type=int, default=DEFAULT_NUM_SAMPLES,
+                   help="calibration samples (conversations and documents)")
     p.add_argument("--max-tokens", type=int, default=512, help="text tokens per calibration sample")
     p.add_argument("--dtype", choices=_DTYPES, default="bfloat16",
                    help="dtype of the unquantized tensors and scales in the checkpoint")

@@ -1,5 +1,5 @@
-"""The `quantize --method` names, apart from what each one writes (schemes.py): the command line
-offers them without importing torch and compressed-tensors."""
+"""The `quantize --method` names and defaults, apart from what each one writes (schemes.py): the
+command line offers them without importing torch and compressed-tensors."""
 from __future__ import annotations
 
 from typing import Literal
@@ -7,3 +7,7 @@ from typing import Literal
 Method = Literal["rtn", "gptq", "awq", "fp8"]
 METHODS: tuple[Method, ...] = ("rtn", "gptq", "awq", "fp8")
 CALIBRATED_METHODS: tuple[Method, ...] = ("gptq", "awq")
+
+# calibration samples (calibration.py). SmolLM2, GPTQ group 32 with zero points, perplexity on
+# prose, 2 threads: 32 samples +5.0%, 48 +2.6%, 64 +3.4% (each size is another set of texts)
+DEFAULT_NUM_SAMPLES = 48

@@ -10,7 +10,7 @@ from autoglm_serve.quantize.awq import InputSampler, balance_groups, search_and_
 from autoglm_serve.quantize.calibration import calibration_samples
 from autoglm_serve.quantize.checkpoint_writer import write_checkpoint
 from autoglm_serve.quantize.gptq import HessianObserver, gptq_quantize
-from autoglm_serve.quantize.methods import CALIBRATED_METHODS, Method
+from autoglm_serve.quantize.methods import CALIBRATED_METHODS, DEFAULT_NUM_SAMPLES, Method
 from autoglm_serve.quantize.rtn import QuantizedWeight, rtn_quantize
 from autoglm_serve.quantize.schemes import (fitting_group_size, ignored_modules,
                                             quantization_config, target_linears)
@@ -28,7 +28,7 @@ def write_quantized_checkpoint(
     group_size: int | None = None,
     act_order: bool = False,
     symmetric: bool = True,
-    num_samples: int = 32,
+    num_samples: int = DEFAULT_NUM_SAMPLES,
     max_tokens: int = 512,
     dtype: torch.dtype = torch.bfloat16,
     device: str = "cpu",
