@@ -4,10 +4,10 @@
         [--held-out FILE ...]
 
 quantize_quality.py writes each checkpoint and loads it in transformers (what the test does);
-this applies the same library functions (calibration.py, sequential.py, gptq.py, awq.py, rtn.py)
-to a copy of the model in place, int4 group 32 with zero points, act-order for GPTQ, and prints
-the perplexity on tests/data/perplexity_prose.txt and on each --held-out text (its first 2,500
-characters), each beside the unquantized model's. A variant is method[:nN samples][:dDAMP].
+this writes the weights the checkpoint would hold (pipeline.quantize_linears) into a copy of
+the model, int4 group 32 with zero points, act-order for GPTQ, and prints the perplexity on
+tests/data/perplexity_prose.txt and on each --held-out text (its first 2,500 characters), each
+beside the unquantized model's. A variant is method[:nN samples][:dDAMP].
 Two minutes a GPTQ variant at 16 samples on two cores, four at 48; AWQ six.
 """
 from __future__ import annotations
@@ -28,53 +28,25 @@ def perplexity(model, ids: torch.Tensor) -> float:
         return math.exp(model(ids, labels=ids).loss.item())
 
 
-def quantize_in_place(model, tokenizer, method: str, num_samples: int, damp: float | None) -> None:
-    from autoglm_serve.quantize import gptq
-    from autoglm_serve.quantize.awq import InputSampler, balance_groups, search_and_apply_scales
+def quantize_in_place(model, tokenizer, method: str, num_samples: int, damp: float) -> None:
+    """The checkpoint's weights (pipeline.quantize_linears), written into `model` itself."""
     from autoglm_serve.quantize.calibration import calibration_samples
-    from autoglm_serve.quantize.rtn import rtn_quantize
+    from autoglm_serve.quantize.pipeline import quantize_linears
     from autoglm_serve.quantize.schemes import ignored_modules, target_linears, weight_args
-    from autoglm_serve.quantize.sequential import calibrate_layer_by_layer
 
     targets = target_linears(model, ignored_modules(model))
-    args = weight_args("gptq", 32, act_order=method == "gptq", symmetric=False)
-    done = set()
-
-    def layer_fn(prefix, layer, run_layer):
-        linears = {f"{prefix}.{k}": m for k, m in layer.named_modules() if f"{prefix}.{k}" in targets}
-        if method == "awq":
-            # scales folded in, then rounded before the next layer is calibrated (pipeline.py)
-            groups = balance_groups(layer)
-            samplers = [InputSampler(g.linears[0], max(16, 4096 // num_samples)) for g in groups]
-            run_layer()
-            for group, sampler in zip(groups, samplers):
-                search_and_apply_scales(group, sampler.inputs(), args, torch.float32)
-            quantized = {k: rtn_quantize(m.weight, args, torch.float32) for k, m in linears.items()}
-        else:
-            observers = {k: gptq.HessianObserver(m) for k, m in linears.items()}
-            run_layer()
-            kw = {} if damp is None else {"damp": damp}
-            quantized = {}
-            for name, linear in linears.items():
-                observers[name].remove()
-                quantized[name] = gptq.gptq_quantize(
-                    linear.weight, observers[name].hessian, observers[name].tokens, args,
-                    torch.float32, act_order=True, **kw)
-        for name, linear in linears.items():
-            linear.weight.data.copy_(quantized[name].weight)
-            done.add(name)
-
-    if method != "rtn":
-        with torch.no_grad():
-            calibrate_layer_by_layer(model, calibration_samples(tokenizer, num_samples, 512),
-                                     layer_fn, desc=method)
-    for name, linear in targets.items():
-        if name not in done:
-            linear.weight.data.copy_(rtn_quantize(linear.weight, args, torch.float32).weight)
+    args = weight_args(method, 32, act_order=method == "gptq", symmetric=False)
+    samples = calibration_samples(tokenizer, num_samples) if method != "rtn" else []
+    with torch.no_grad():
+        quantized = quantize_linears(model, targets, method, args, torch.float32, samples,
+                                     act_order=method == "gptq", damp=damp)
+        for name, linear in targets.items():
+            linear.weight.copy_(quantized[name].weight)
 
 
 def main() -> None:
     from autoglm_serve.engine.core.cpu_threads import size_cpu_threads
+    from autoglm_serve.quantize.gptq import DEFAULT_DAMP
     from autoglm_serve.quantize.methods import DEFAULT_NUM_SAMPLES
     from autoglm_serve.quantize.source_model import load_source_model
 
@@ -94,7 +66,7 @@ def main() -> None:
     for variant in args.variants:
         method, *opts = variant.split(":")
         n = next((int(o[1:]) for o in opts if o.startswith("n")), DEFAULT_NUM_SAMPLES)
-        damp = next((float(o[1:]) for o in opts if o.startswith("d")), None)
+        damp = next((float(o[1:]) for o in opts if o.startswith("d")), DEFAULT_DAMP)
         start = time.time()
         model = copy.deepcopy(source.model).float()
         quantize_in_place(model, source.tokenizer, method, n, damp)

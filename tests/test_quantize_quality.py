@@ -13,9 +13,9 @@ roundings that GPTQ's compensation carries on, so the issue's 3% is met in some 
 samples +5.0%, 64 +3.4%; damped by 1% of the mean diagonal, as before, +12.2%: worse than
 RTN); FP8 (weights, scales searched, and per-token activations) 22.00 (-0.4%, target 1%; the
 same 22.00 comes out of a per-token fake quantization of our own, so transformers does apply
-the activation quantization). RTN, GPTQ and FP8 all keep the greedy
-answer "Paris". The bounds below: FP8's is the issue's 1%; GPTQ's holds both thread counts and
-beating RTN; RTN's its measured range.
+the activation quantization). RTN, GPTQ and FP8 all keep the greedy answer "Paris". The bounds
+below: FP8's is the issue's 1%; GPTQ's holds both thread counts and beating RTN; RTN's its
+measured range.
 """
 import copy
 import math

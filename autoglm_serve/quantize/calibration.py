@@ -22,8 +22,8 @@ import torch
 
 from autoglm_serve.bench.phone_agent import SYSTEM_PROMPT, TASKS, fallback_reply
 from autoglm_serve.quantize.calibration_documents import DOCUMENTS
-from autoglm_serve.quantize.methods import DEFAULT_NUM_SAMPLES
 from autoglm_serve.quantize.calibration_texts import LONG_TURNS, SHORT_TURNS
+from autoglm_serve.quantize.methods import DEFAULT_NUM_SAMPLES
 
 
 @dataclass

@@ -20,6 +20,8 @@ from compressed_tensors.quantization.utils.helpers import calculate_range
 
 from autoglm_serve.quantize.rtn import QuantizedWeight, weight_qparams
 
+DEFAULT_DAMP = 0.1   # of each input's H diagonal (the module's docstring says why)
+
 
 class HessianObserver:
     """Accumulates X^T X of a Linear's inputs through a forward pre-hook."""
@@ -53,7 +55,7 @@ def _inverse_hessian_cholesky(hessian: torch.Tensor, damp: float) -> torch.Tenso
 
 
 def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, tokens: int, args: QuantizationArgs,
-                  scale_dtype: torch.dtype, act_order: bool = False, damp: float = 0.1,
+                  scale_dtype: torch.dtype, act_order: bool = False, damp: float = DEFAULT_DAMP,
                   block_size: int = 128, clip_search: bool = True) -> QuantizedWeight:
     """`args`: int weights by group, symmetric or with zero points. `damp`: the fraction of each
     input's H diagonal added to it (SmolLM2 perplexity against 22.09 unquantized, group 32

@@ -9,7 +9,7 @@ from autoglm_serve.engine.core.cpu_threads import size_cpu_threads
 from autoglm_serve.quantize.awq import InputSampler, balance_groups, search_and_apply_scales
 from autoglm_serve.quantize.calibration import calibration_samples
 from autoglm_serve.quantize.checkpoint_writer import write_checkpoint
-from autoglm_serve.quantize.gptq import HessianObserver, gptq_quantize
+from autoglm_serve.quantize.gptq import DEFAULT_DAMP, HessianObserver, gptq_quantize
 from autoglm_serve.quantize.methods import CALIBRATED_METHODS, DEFAULT_NUM_SAMPLES, Method
 from autoglm_serve.quantize.rtn import QuantizedWeight, rtn_quantize
 from autoglm_serve.quantize.schemes import (fitting_group_size, ignored_modules,
@@ -47,11 +47,24 @@ def write_quantized_checkpoint(
         group_size = fitting_group_size(targets, group_size)
     config = quantization_config(method, ignore, group_size or 0, act_order, symmetric)
     args = config.config_groups["group_0"].weights
+    samples = (_samples(source, num_samples, max_tokens, device)
+               if method in CALIBRATED_METHODS else [])
+    quantized = quantize_linears(hf, targets, method, args, dtype, samples, act_order)
+    hf.to("cpu")
+    return write_checkpoint(hf, out_dir, config, {k: _to_cpu(v) for k, v in quantized.items()},
+                            dtype, source.files_dir, None if source.files_dir else source.tokenizer)
+
+
+def quantize_linears(hf: torch.nn.Module, targets: dict[str, torch.nn.Linear], method: Method,
+                     args, dtype: torch.dtype, samples: list, act_order: bool = False,
+                     damp: float = DEFAULT_DAMP) -> dict[str, QuantizedWeight]:
+    """Each of `targets`' quantized weight (scales in `dtype`). GPTQ and AWQ calibrate on
+    `samples` one decoder layer at a time and replace those layers' weights in `hf` as they go
+    (AWQ also folds its scales into the norms and Linears before them); the rest, and every
+    Linear of rtn and fp8, are rounded to nearest and left as they are in `hf`."""
     quantized: dict[str, QuantizedWeight] = {}
 
     if method in CALIBRATED_METHODS:
-        samples = _samples(source, num_samples, max_tokens, device)
-
         def layer_linears(prefix: str, layer: torch.nn.Module) -> dict[str, torch.nn.Linear]:
             return {f"{prefix}.{n}": m for n, m in layer.named_modules() if f"{prefix}.{n}" in targets}
 
@@ -62,7 +75,8 @@ def write_quantized_checkpoint(
             for name, linear in linears.items():
                 obs = observers[name]
                 obs.remove()
-                q = gptq_quantize(linear.weight, obs.hessian, obs.tokens, args, dtype, act_order)
+                q = gptq_quantize(linear.weight, obs.hessian, obs.tokens, args, dtype, act_order,
+                                  damp)
                 linear.weight.data.copy_(q.weight)
                 quantized[name] = q
 
@@ -82,9 +96,7 @@ def write_quantized_checkpoint(
     for name, linear in targets.items():   # rtn, fp8, and any Linear outside the decoder layers
         if name not in quantized:
             quantized[name] = rtn_quantize(linear.weight, args, dtype)
-    hf.to("cpu")
-    return write_checkpoint(hf, out_dir, config, {k: _to_cpu(v) for k, v in quantized.items()},
-                            dtype, source.files_dir, None if source.files_dir else source.tokenizer)
+    return quantized
 
 
 def _samples(source: SourceModel, num_samples: int, max_tokens: int, device: str):
