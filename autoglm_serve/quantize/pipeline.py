@@ -14,7 +14,7 @@ from autoglm_serve.quantize.methods import CALIBRATED_METHODS, DEFAULT_NUM_SAMPL
 from autoglm_serve.quantize.rtn import QuantizedWeight, rtn_quantize
 from autoglm_serve.quantize.schemes import (fitting_group_size, ignored_modules,
                                             quantization_config, target_linears)
-from autoglm_serve.quantize.sequential import calibrate_layer_by_layer
+from autoglm_serve.quantize.sequential import LayerObserved, calibrate_layer_by_layer, input_stages
 from autoglm_serve.quantize.source_model import SourceModel, load_source_model
 
 
@@ -69,16 +69,23 @@ def quantize_linears(hf: torch.nn.Module, targets: dict[str, torch.nn.Linear], m
             return {f"{prefix}.{n}": m for n, m in layer.named_modules() if f"{prefix}.{n}" in targets}
 
         def gptq_layer(prefix: str, layer: torch.nn.Module, run_layer) -> None:
+            # true sequential: each stage (the Linears that share one input) is observed with
+            # the stages before it already quantized, so it compensates their rounding too
             linears = layer_linears(prefix, layer)
-            observers = {name: HessianObserver(m) for name, m in linears.items()}
-            run_layer()
-            for name, linear in linears.items():
-                obs = observers[name]
-                obs.remove()
-                q = gptq_quantize(linear.weight, obs.hessian, obs.tokens, args, dtype, act_order,
-                                  damp)
-                linear.weight.data.copy_(q.weight)
-                quantized[name] = q
+            for stage in input_stages(linears, run_layer):
+                observer = HessianObserver(linears[stage[0]])   # one X^T X serves the stage
+                # the stage's last Linear seen: the rest of the layer call is not needed
+                done = linears[stage[-1]].register_forward_hook(_stage_observed)
+                try:
+                    run_layer()
+                finally:
+                    observer.remove()
+                    done.remove()
+                for name in stage:
+                    q = gptq_quantize(linears[name].weight, observer.hessian, observer.tokens,
+                                      args, dtype, act_order, damp)
+                    linears[name].weight.data.copy_(q.weight)
+                    quantized[name] = q
 
         def awq_layer(prefix: str, layer: torch.nn.Module, run_layer) -> None:
             groups = balance_groups(layer)
@@ -97,6 +104,10 @@ def quantize_linears(hf: torch.nn.Module, targets: dict[str, torch.nn.Linear], m
         if name not in quantized:
             quantized[name] = rtn_quantize(linear.weight, args, dtype)
     return quantized
+
+
+def _stage_observed(*_):
+    raise LayerObserved
 
 
 def _samples(source: SourceModel, num_samples: int, max_tokens: int, device: str):

@@ -3,8 +3,10 @@
 The inputs of the first decoder layer are captured by running the model up to it (embedding,
 and for a vision model the vision tower and the M-RoPE positions); then each layer observes its
 Linears on every sample, is quantized, and its quantized outputs become the next layer's inputs,
-so later layers are calibrated on what they will really see. Memory: one layer's statistics and
-the hidden states of the calibration set.
+so later layers are calibrated on what they will really see. Within a layer GPTQ goes the same
+way stage by stage (`input_stages`: q/k/v, then o, then gate/up, then down), each run ended once
+its stage has been seen. Memory: one layer's statistics and the hidden states of the calibration
+set.
 """
 from __future__ import annotations
 
@@ -20,6 +22,11 @@ from autoglm_serve.quantize.calibration import CalibrationSample
 
 class _ReachedFirstLayer(Exception):
     pass
+
+
+class LayerObserved(Exception):
+    """Raised by a hook once a calibration run has seen what it needs of a layer call: the rest
+    of that call is skipped."""
 
 
 @dataclass
@@ -75,17 +82,47 @@ def _with_hidden(call: LayerCall, hidden: torch.Tensor) -> LayerCall:
 def calibrate_layer_by_layer(
     model: torch.nn.Module,
     samples: list[CalibrationSample],
-    quantize_layer: Callable[[str, torch.nn.Module, Callable[[], None]], None],
+    quantize_layer: Callable[[str, torch.nn.Module, Callable[..., None]], None],
     desc: str = "calibrating",
 ) -> None:
     """For each decoder layer: `quantize_layer(prefix, layer, run_layer)`, where `run_layer()`
-    runs the layer on every calibration input (the callee hooks what it observes around it and
-    then replaces the weights); then the layer's new outputs feed the next one."""
+    runs the layer on every calibration input (`run_layer(limit=n)` on the first n; a hook may
+    end a call early with LayerObserved) and the callee hooks what it observes around it and
+    then replaces the weights; then the layer's new outputs feed the next one."""
     prefix, layers = decoder_layers(model)
     calls = capture_first_layer_inputs(model, layers[0], samples)
     for index, layer in enumerate(tqdm(layers, desc=desc, unit="layer")):
-        def run_layer(layer=layer) -> None:
-            for call in calls:
-                _run(layer, call)
+        def run_layer(layer=layer, limit: int | None = None) -> None:
+            for call in calls[:limit]:
+                try:
+                    _run(layer, call)
+                except LayerObserved:
+                    pass
         quantize_layer(f"{prefix}.{index}", layer, run_layer)
         calls = [_with_hidden(call, _run(layer, call)) for call in calls]
+
+
+def input_stages(linears: dict[str, torch.nn.Linear], run_layer: Callable[..., None]
+                 ) -> list[list[str]]:
+    """`linears` (a layer's, by name) grouped by the input tensor they share (q/k/v, gate/up), in
+    the order the layer calls them, seen on the first calibration call. The tensors are held,
+    not their addresses, which a freed tensor hands on."""
+    first_inputs: dict[str, torch.Tensor] = {}
+
+    def remember(name: str):
+        def hook(_module, args) -> None:    # returns None: the call's inputs go on unchanged
+            first_inputs.setdefault(name, args[0])
+        return hook
+    handles = [m.register_forward_pre_hook(remember(name)) for name, m in linears.items()]
+    try:
+        run_layer(limit=1)
+    finally:
+        for h in handles:
+            h.remove()
+    stages: list[list[str]] = []
+    for name in first_inputs:               # insertion order: the order of the first calls
+        if stages and first_inputs[stages[-1][0]] is first_inputs[name]:
+            stages[-1].append(name)
+        else:
+            stages.append([name])
+    return stages
