@@ -70,6 +70,24 @@ def attribute(steps: list[dict], sent: float, first: float) -> dict:
         sync_ms=sum(s.get("sync_ms") or 0 for s in work))
 
 
+def print_decode_steps(steps: list[dict], times: list, max_tokens: int) -> None:
+    """The episode's decode-only steps against the client's time per output token: where the
+    core's loop (schedule, launch, wait for the device, the gap to the next step) goes."""
+    inside = [s for s in steps if any(first < s["t"] <= end for _, first, end in times)]
+    decode = [s for s in inside if s["decode_rows"] and not s["prompt_tokens"]
+              and not s.get("encoder_tokens")]
+    if len(decode) < 2:
+        return
+    gaps = [1e3 * (b["t"] - a["t"]) for a, b in zip(decode, decode[1:]) if b["t"] - a["t"] < 0.05]
+    med = {k: statistics.median(s.get(k) or 0 for s in decode)
+           for k in ("ms", "schedule_ms", "launch_ms", "wait_ms")}
+    print(f"decode-only steps: {len(decode)}; median step {med['ms']:.2f} ms = schedule "
+          f"{med['schedule_ms']:.2f} + launch {med['launch_ms']:.2f} + wait {med['wait_ms']:.2f}"
+          f" (+ the rest of the loop); step end to step end {statistics.median(gaps):.2f} ms; "
+          f"the client's time per output token "
+          f"{statistics.median(1e3 * (e - f) / (max_tokens - 1) for _, f, e in times):.2f} ms")
+
+
 def media_load_ms(image_b64: str, repeats: int = 5) -> float:
     from autoglm_serve.multimodal.media import MediaLoader
     loader, url, times = MediaLoader(), f"data:image/png;base64,{image_b64}", []
@@ -144,6 +162,7 @@ def main() -> None:
     if full:
         med = {k: statistics.median(r[k] for r in full) for k in keys}
         print("| median | " + " | ".join(f"{med[k]:.1f}" for k in keys) + " | | | |")
+    print_decode_steps(steps, times, args.max_tokens)
     with open(os.path.join(args.out, "ttft_timeline.json"), "w") as f:
         json.dump(dict(rows=rows, media_load_ms=load_ms, server_args=serve,
                        trace=[s for s in steps if times[0][0] <= s["t"]]), f, indent=1)
