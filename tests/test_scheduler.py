@@ -107,3 +107,44 @@ def test_abort_frees_blocks_of_waiting_and_running_requests():
     assert not s.has_unfinished() and s.schedule().is_empty
     s.finish(running, RequestStatus.FINISHED_ABORTED)      # twice is harmless
     assert s.kv.num_free_blocks == s.kv.num_blocks
+
+
+def _with_image(rid: str, prompt_len: int, offset: int, length: int) -> Request:
+    import torch
+
+    from autoglm_serve.multimodal.inputs import MultiModalItem
+    req = make_request(rid, prompt_len)
+    req.mm_items = [MultiModalItem(f"image-{rid}", offset, length, torch.zeros(1, 1), (1, 2, 2))]
+    return req
+
+
+def test_a_few_tokens_before_an_unencoded_image_wait_for_it():
+    """A chunk that an image still to encode would cut short runs only when what is left
+    before the image is worth a forward of its own (MIN_CHUNK_BEFORE_IMAGE); a smaller one
+    waits and joins the chunk that reads the image. Running and waiting prompts alike."""
+    from autoglm_serve.engine.core.scheduler import MIN_CHUNK_BEFORE_IMAGE as MIN
+    ready: set[str] = set()
+    kv = KVCacheManager(512, BS, enable_prefix_caching=False)
+    s = Scheduler(kv, 8, 4096, image_ready=lambda item: item.content_hash in ready)
+    short = _with_image("short", 21 + 400 + 30, 21, 400)        # an agent's new turn
+    long = _with_image("long", MIN + 400 + 30, MIN, 400)        # a whole history before it
+    s.add(short)
+    s.add(long)
+    assert step(s) == {"long": MIN}          # short is held; long runs up to its image
+    assert s.image_to_encode()[0] is long    # running prefills' images are encoded first
+    ready.add("image-long")
+    assert step(s) == {"long": 430}
+    assert s.image_to_encode()[0] is short and short.status == RequestStatus.WAITING
+    ready.add("image-short")
+    assert step(s) == {"long": 1, "short": 451}              # the 21 tokens with the image
+
+    # a running prompt whose chunks reached a few tokens short of its image
+    chunked = _with_image("chunked", 600 + 400, 600, 400)
+    s2 = Scheduler(KVCacheManager(512, BS, enable_prefix_caching=False), 8, 512,
+                   image_ready=lambda item: item.content_hash in ready)
+    s2.add(chunked)
+    assert step(s2) == {"chunked": 512}       # the budget cuts it, not the image
+    assert step(s2) == {} and s2.tokens_owed_by_running() == 0   # 88 left: they wait
+    assert s2.image_to_encode()[0] is chunked
+    ready.add("image-chunked")
+    assert step(s2) == {"chunked": 488}

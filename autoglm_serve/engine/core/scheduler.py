@@ -10,6 +10,8 @@ recomputed later (the prefix cache usually makes that cheap).
 Images: a chunk never reaches an image placeholder whose embeddings are not ready yet
 (``image_ready``); the core encodes ahead the one ``image_to_encode`` names
 (engine/core/image_encoder.py). A waiting prompt held by its image lets the ones behind it go.
+A chunk that such an image would cut to fewer than ``MIN_CHUNK_BEFORE_IMAGE`` tokens waits for
+the image instead, and joins the chunk that reads it.
 """
 from __future__ import annotations
 
@@ -21,6 +23,13 @@ from dataclasses import dataclass, field
 from autoglm_serve.engine.core.kv_cache import KVCacheManager
 from autoglm_serve.engine.core.request import Request, RequestStatus
 from autoglm_serve.multimodal.inputs import MultiModalItem
+
+
+# A phone agent's new turn puts ~20 tokens of text before its screenshot. Run alone while the
+# screenshot encodes, they cost a whole forward: its GEMMs read every weight whatever the rows
+# (AutoGLM-Phone-9B: ~16 GB, ~4 ms on an H200, the compute of ~200 tokens) and its attention
+# scans the whole context for a few queries. Joined to the image's chunk they cost their FLOPs.
+MIN_CHUNK_BEFORE_IMAGE = 256
 
 
 @dataclass(slots=True)
@@ -165,11 +174,13 @@ class Scheduler:
     # ---- images ---------------------------------------------------------------------------
     def _up_to_unready_image(self, req: Request, start: int, n: int) -> int:
         """n, or fewer: the chunk from token ``start`` stops before the first image it would
-        reach whose embeddings are not ready (0: it starts inside or at one)."""
+        reach whose embeddings are not ready (0: it starts inside or at one, or what is left
+        before it is under ``MIN_CHUNK_BEFORE_IMAGE``: it waits for the image)."""
         item = self._next_unready_image(req, start)
         if item is None or item.offset >= start + n:
             return n
-        return max(0, item.offset - start)
+        before = item.offset - start
+        return before if before >= MIN_CHUNK_BEFORE_IMAGE else 0
 
     def image_to_encode(self) -> tuple[Request, MultiModalItem] | None:
         """The image the first prompt held by one needs (running prefills first, then the
