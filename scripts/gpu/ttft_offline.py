@@ -15,6 +15,7 @@ kernels that took the most.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import sys
@@ -56,9 +57,7 @@ def time_to_first_token(llm: LLM, messages: list, min_chunk: int) -> tuple[float
 
 def turn(episode: PhoneEpisode, step: int, seed: int) -> list:
     """The messages of this turn with a screenshot of its own, the episode left as it was."""
-    messages = episode.add_screen(step, screenshot_png_base64(seed, 0, step))
-    episode.messages.pop()
-    return messages
+    return copy.deepcopy(episode).add_screen(step, screenshot_png_base64(seed, 0, step))
 
 
 def profiled(llm: LLM, messages: list, min_chunk: int) -> None:
