@@ -9,7 +9,7 @@ the model, int4 group 32 with zero points, act-order for GPTQ, and prints the pe
 tests/data/perplexity_prose.txt and on each --held-out text (its first --held-out-chars
 characters, in windows of 1,024 tokens), each beside the unquantized model's. The prose is 351
 tokens: held-out texts of several thousand tokens resolve differences of a point or two that it
-does not. A variant is method[:nN samples][:dDAMP].
+does not. A variant is method[:nN samples][:dDAMP][:plain] (plain: GPTQ's own scales, not refit).
 Two minutes a GPTQ variant at 16 samples on two cores, four at 48; AWQ six.
 """
 from __future__ import annotations
@@ -36,7 +36,8 @@ def perplexity(model, ids: torch.Tensor, window: int = 1024) -> float:
     return math.exp(loss / count)
 
 
-def quantize_in_place(model, tokenizer, method: str, num_samples: int, damp: float) -> None:
+def quantize_in_place(model, tokenizer, method: str, num_samples: int, damp: float,
+                      refit: bool = True) -> None:
     """The checkpoint's weights (pipeline.quantize_linears), written into `model` itself."""
     from autoglm_serve.quantize.calibration import calibration_samples
     from autoglm_serve.quantize.pipeline import quantize_linears
@@ -47,7 +48,7 @@ def quantize_in_place(model, tokenizer, method: str, num_samples: int, damp: flo
     samples = calibration_samples(tokenizer, num_samples) if method != "rtn" else []
     with torch.no_grad():
         quantized = quantize_linears(model, targets, method, args, torch.float32, samples,
-                                     act_order=method == "gptq", damp=damp)
+                                     act_order=method == "gptq", damp=damp, refit=refit)
         for name, linear in targets.items():
             linear.weight.copy_(quantized[name].weight)
 
@@ -78,7 +79,7 @@ def main() -> None:
         damp = next((float(o[1:]) for o in opts if o.startswith("d")), DEFAULT_DAMP)
         start = time.time()
         model = copy.deepcopy(source.model).float()
-        quantize_in_place(model, source.tokenizer, method, n, damp)
+        quantize_in_place(model, source.tokenizer, method, n, damp, refit="plain" not in opts)
         ppls = [perplexity(model, i) for i in ids]
         cells = [f"{q:.2f} ({100 * (q / b - 1):+.1f}%)" for q, b in zip(ppls, base)]
         print(f"| {variant} | " + " | ".join(cells) + f" | {time.time() - start:.0f} |", flush=True)

@@ -12,12 +12,15 @@ points, 48 calibration samples (the default), damped by 10% of each input's Hess
 with 1 (the float sums' order flips roundings that GPTQ's compensation carries on; 32 samples
 +5.0%, 64 +3.4%; damped by 1% of the mean diagonal, as before, +12.2%: worse than RTN). Stage by
 stage within each layer (2026-12-05, in memory): 22.87 (+3.5%) with 1 thread, 22.78 (+3.1%)
-with 2, so the issue's 3% is not met; on held-out texts of 7,658 and 9,712 tokens GPTQ costs
-+9.5% and +9.1% and RTN +18.7% and +17.1%: this short text flatters int4. FP8 (weights, scales
+with 2; with the group scales solved again for GPTQ's codes (gptq.refit_group_scales, this
+test's checkpoint, 1 thread) 22.71 (+2.8%), in memory with 2 threads 22.88 (+3.6%): the issue's
+3% is met with 1 thread, not with 2. On held-out texts of 7,658 and ~9,700 tokens GPTQ costs
++7.9% and +8.2% (refit; +9.5% and +9.7% before it) and RTN +18.7% and +17.1%: this short text
+flatters int4. FP8 (weights, scales
 searched, and per-token activations) 22.00 (-0.4%, target 1%; the same 22.00 comes out of a
 per-token fake quantization of our own, so transformers does apply the activation
 quantization). RTN, GPTQ and FP8 all keep the greedy answer "Paris". The bounds below: FP8's is
-the issue's 1%; GPTQ's holds both thread counts and beating RTN; RTN's its measured range.
+the issue's 1%; GPTQ's 4% holds both thread counts, and it beats RTN; RTN's its measured range.
 """
 import copy
 import math
@@ -91,7 +94,7 @@ def test_w4a16_perplexity_bounded(results):
     base = results["unquantized"][0]
     assert results["rtn"][0] > base * 1.05          # int4 costs something: these are real int4 weights
     assert results["rtn"][0] <= base * 1.11
-    assert results["gptq"][0] <= base * 1.05       # issue 12 asks 3%: not met (docstring)
+    assert results["gptq"][0] <= base * 1.04       # issue 12 asks 3%: met with 1 thread only
     assert results["gptq"][0] < results["rtn"][0]
 
 

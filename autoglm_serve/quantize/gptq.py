@@ -11,6 +11,14 @@ Scaling each diagonal shrinks the correlations between inputs, which a calibrati
 few thousand tokens estimates poorly, by the same factor everywhere (SmolLM2, group 32 with
 zero points, act-order, 48 samples, perplexity on prose: 1% of the mean +12.2%, 10% of each
 diagonal +2.2% to +4.1% by the thread count; round-to-nearest +9.7%).
+
+Once the codes are chosen, each row's group scales are solved again for them against the same
+output error (`refit_group_scales`): GPTQ fixes a group's scale before it rounds and compensates,
+and the codes it ends with want other scales. SmolLM2, perplexity against GPTQ's own scales, on
+held-out texts of 7,700 and 9,700 tokens: 1 thread +9.5% / +9.7% -> +7.9% / +8.2% (48 samples),
++9.6% / +9.0% -> +8.6% / +9.0% (40), +10.3% / +9.7% -> +9.2% / +8.3% (64); 2 threads +9.6% /
++9.2% -> +8.4% / +8.4%. The 351-token prose moves either way (+3.5% -> +2.8%, 2 threads +3.1%
+-> +3.6%). GPTQ run again on the refit scales, then refit, lost what the refit won.
 """
 from __future__ import annotations
 
@@ -56,11 +64,13 @@ def _inverse_hessian_cholesky(hessian: torch.Tensor, damp: float) -> torch.Tenso
 
 def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, tokens: int, args: QuantizationArgs,
                   scale_dtype: torch.dtype, act_order: bool = False, damp: float = DEFAULT_DAMP,
-                  block_size: int = 128, clip_search: bool = True) -> QuantizedWeight:
+                  block_size: int = 128, clip_search: bool = True, refit: bool = True
+                  ) -> QuantizedWeight:
     """`args`: int weights by group, symmetric or with zero points. `damp`: the fraction of each
     input's H diagonal added to it (SmolLM2 perplexity against 22.09 unquantized, group 32
     act-order with zero points, 16 samples: 0.01 24.12, 0.1 23.14, 0.3 23.17, 1.0 23.16).
-    `clip_search`: each group's range shrunk where that lowers its own squared error."""
+    `clip_search`: each group's range shrunk where that lowers its own squared error.
+    `refit`: the group scales solved again for the codes GPTQ chose (`refit_group_scales`)."""
     W = weight.detach().float().clone()
     rows, cols = W.shape
     gs = args.group_size
@@ -68,6 +78,7 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, tokens: int, args
     dead = H.diagonal() == 0          # inputs never active: any value works, use 0
     H[dead, dead] = 1.0
     W[:, dead] = 0.0
+    target, target_hessian = W.clone(), H.clone()
     qmin, qmax = (float(v) for v in calculate_range(args, W.device))
 
     scale = torch.zeros(rows, cols // gs, dtype=scale_dtype, device=W.device)
@@ -106,7 +117,43 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, tokens: int, args
         W[:, b1:] -= Err1 @ Hinv[b0:b1, b1:]
     if act_order:
         Q = Q[:, torch.argsort(perm)]
+    if refit:
+        Q, scale = refit_group_scales(target, Q, scale, target_hessian)
     return QuantizedWeight(Q, scale, zero)
+
+
+def refit_group_scales(weight: torch.Tensor, quantized: torch.Tensor, scale: torch.Tensor,
+                       hessian: torch.Tensor, rows_per_solve: int | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """With GPTQ's integer codes held, each row's group scales solved together for the least
+    output error (w - A s)^T H (w - A s), A holding the codes group by group: a G x G linear
+    system a row. GPTQ picks its scales before it rounds and compensates; for the codes it ends
+    with, other scales do better (SmolLM2, group 32, layers 0 and 15: 2-12% less squared error
+    in their outputs on held-out text). Zero points stay: the codes are the same integers. A
+    scale that comes out non-positive or not finite keeps its old value. `rows_per_solve`: rows
+    solved at once (by default as many as keep the [rows, cols, groups] product under 2^25
+    elements: a 9B MLP's 13,696 inputs in groups of 32 make it 5.9 M a row)."""
+    rows, cols = weight.shape
+    groups = scale.shape[1]
+    gs = cols // groups
+    rows_per_solve = rows_per_solve or max(1, 2 ** 25 // (cols * groups))
+    old = scale.float()
+    codes = torch.round(quantized / old.repeat_interleave(gs, 1))
+    h_blocks = hessian.reshape(groups, gs, groups, gs)
+    hw = weight @ hessian
+    new = torch.empty_like(old)
+    for r0 in range(0, rows, rows_per_solve):
+        c = codes[r0:r0 + rows_per_solve].reshape(-1, groups, gs)
+        hc = torch.einsum("gahb,rhb->rgah", h_blocks, c)
+        system = torch.einsum("rga,rgah->rgh", c, hc)
+        rhs = (c * hw[r0:r0 + rows_per_solve].reshape(-1, groups, gs)).sum(-1)
+        # a group whose codes are all 0 has an empty row: a little ridge keeps it solvable
+        diag = system.diagonal(dim1=1, dim2=2)
+        ridge = diag * 1e-6 + diag.mean(-1, keepdim=True).clamp(min=1e-30) * 1e-9
+        new[r0:r0 + rows_per_solve] = torch.linalg.solve(
+            system + torch.diag_embed(ridge), rhs.unsqueeze(-1)).squeeze(-1)
+    new = torch.where(torch.isfinite(new) & (new > 0), new, old).to(scale.dtype)
+    return codes * new.float().repeat_interleave(gs, 1), new
 
 
 def _per_row(args: QuantizationArgs) -> QuantizationArgs:

@@ -57,7 +57,7 @@ def write_quantized_checkpoint(
 
 def quantize_linears(hf: torch.nn.Module, targets: dict[str, torch.nn.Linear], method: Method,
                      args, dtype: torch.dtype, samples: list, act_order: bool = False,
-                     damp: float = DEFAULT_DAMP) -> dict[str, QuantizedWeight]:
+                     damp: float = DEFAULT_DAMP, refit: bool = True) -> dict[str, QuantizedWeight]:
     """Each of `targets`' quantized weight (scales in `dtype`). GPTQ and AWQ calibrate on
     `samples` one decoder layer at a time and replace those layers' weights in `hf` as they go
     (AWQ also folds its scales into the norms and Linears before them); the rest, and every
@@ -83,7 +83,7 @@ def quantize_linears(hf: torch.nn.Module, targets: dict[str, torch.nn.Linear], m
                     done.remove()
                 for name in stage:
                     q = gptq_quantize(linears[name].weight, observer.hessian, observer.tokens,
-                                      args, dtype, act_order, damp)
+                                      args, dtype, act_order, damp, refit=refit)
                     linears[name].weight.data.copy_(q.weight)
                     quantized[name] = q
 
