@@ -34,16 +34,16 @@ def _output_error(w: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> float:
     return (x @ (w - q).t()).pow(2).sum().item()
 
 
-@pytest.mark.parametrize("symmetric", [False, True])
-def test_refit_lowers_output_error_and_keeps_the_stored_grid(symmetric):
+@pytest.mark.parametrize("symmetric,act_order", [(False, True), (True, True), (True, False)])
+def test_refit_lowers_output_error_and_keeps_the_stored_grid(symmetric, act_order):
     from compressed_tensors.quantization.lifecycle.forward import fake_quantize
     g = torch.Generator().manual_seed(0)
     w, calibration, held_out = _weight(g), _inputs(g, 512), _inputs(g, 2048)
-    args = weight_args("gptq", group_size=GROUP, act_order=True, symmetric=symmetric)
+    args = weight_args("gptq", group_size=GROUP, act_order=act_order, symmetric=symmetric)
     hessian = calibration.t() @ calibration
-    plain = gptq_quantize(w, hessian, len(calibration), args, torch.float32, act_order=True,
+    plain = gptq_quantize(w, hessian, len(calibration), args, torch.float32, act_order=act_order,
                           refit=False)
-    refit = gptq_quantize(w, hessian, len(calibration), args, torch.float32, act_order=True)
+    refit = gptq_quantize(w, hessian, len(calibration), args, torch.float32, act_order=act_order)
     assert torch.equal(refit.zero_point, plain.zero_point)
     assert not torch.equal(refit.scale, plain.scale)
     for x in (calibration, held_out):
