@@ -1,6 +1,7 @@
 """GPTQ on one small Linear: on the calibration inputs its output error beats round-to-nearest's,
-and with uncorrelated inputs (a diagonal Hessian: nothing to compensate) it is exactly RTN, which
-checks the group scales, zero points and the act-order permutation and its inverse."""
+and with uncorrelated inputs (a diagonal Hessian: nothing to compensate) its column pass (without
+the scales' refit, tests/test_gptq_refit.py) is exactly RTN, which checks the group scales, zero
+points and the act-order permutation and its inverse."""
 import pytest
 import torch
 
@@ -67,7 +68,7 @@ def test_gptq_with_uncorrelated_inputs_is_rtn(symmetric, act_order, clip_search)
     diag = torch.rand(IN) * 10 + 0.1      # distinct activity per input: act-order reorders
     hessian = torch.diag(diag)
     gptq = gptq_quantize(w, hessian, 1, _args(symmetric), torch.float32, act_order, damp=0.0,
-                         clip_search=clip_search)
+                         clip_search=clip_search, refit=False)
     rtn = rtn_quantize(w, _args(symmetric), torch.float32, clip_search=clip_search)
     torch.testing.assert_close(gptq.weight, rtn.weight, rtol=0, atol=1e-6)
     torch.testing.assert_close(gptq.scale, rtn.scale)
