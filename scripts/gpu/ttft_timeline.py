@@ -9,8 +9,14 @@ tokens, --ignore-eos), with wall-clock times. For each request, the trace's step
 between its send and its first token split the TTFT into: before the first step that did its
 work (HTTP, image decoding and hashing, tokenization, the hop to the core), the steps running
 its vision blocks, the steps computing its prompt, and after the step that sampled its first
-token (the token's way back to the client). Also times the server's image loading alone
-(multimodal/media.py) on this host's CPU. Prints a table, writes $OUT/ttft_timeline.json.
+token (the token's way back to the client). Two more columns come from the server's own
+histograms (/metrics): "to the engine", the client's TTFT less the server's (the client's send
+to the request's arrival at the engine, its image and prompt prepared, plus the first token's
+way back and any tokens the detokenizer holds while they end mid-character: many with
+--smoke's 256-byte vocabulary, none with the packaged model's), and "queue", arrival to first
+scheduled (the hop to the core, and the launch of the vision tower, which comes before the
+step schedules the prompt; on a CPU, the tower's run). Also times the server's image loading
+alone (multimodal/media.py) on this host's CPU. Prints a table, writes $OUT/ttft_timeline.json.
 """
 from __future__ import annotations
 
@@ -50,6 +56,35 @@ async def send(client: httpx.AsyncClient, base: str, model: str, messages, max_t
     return sent, first, time.time(), "".join(text)
 
 
+SERVER_SUMS = {"server_ttft_ms": "vllm:time_to_first_token_seconds",
+               "queue_ms": "vllm:request_queue_time_seconds"}
+
+
+async def server_sums(client: httpx.AsyncClient, base: str) -> dict:
+    """The server's /metrics histograms of SERVER_SUMS: {key: (count, sum in ms)}."""
+    text = (await client.get(base + "/metrics")).text
+    out = {key: [0, 0.0] for key in SERVER_SUMS}
+    for line in text.splitlines():
+        for key, name in SERVER_SUMS.items():
+            for suffix, i, scale in (("_count", 0, 1), ("_sum", 1, 1e3)):
+                if line.startswith(name + suffix):
+                    out[key][i] += scale * float(line.rsplit(" ", 1)[1])
+    return out
+
+
+async def server_times(client: httpx.AsyncClient, base: str, before: dict) -> dict:
+    """One finished request's server-side TTFT (from the request's arrival at the engine, once
+    its prompt and image are prepared, to its first token's output in the server) and queue
+    time (arrival to first scheduled: the hop to the core and any wait), from the histograms'
+    change; the request's metrics land as it finishes, so this waits for the count to move."""
+    for _ in range(100):
+        after = await server_sums(client, base)
+        if all(after[k][0] > before[k][0] for k in SERVER_SUMS):
+            return {k: after[k][1] - before[k][1] for k in SERVER_SUMS}
+        await asyncio.sleep(0.01)
+    return {}
+
+
 def attribute(steps: list[dict], sent: float, first: float) -> dict:
     """The request's TTFT in parts, from the steps that ended inside (sent, first]."""
     mine = [s for s in steps if sent < s["t"] <= first]
@@ -73,7 +108,7 @@ def attribute(steps: list[dict], sent: float, first: float) -> dict:
 def print_decode_steps(steps: list[dict], times: list, max_tokens: int) -> None:
     """The episode's decode-only steps against the client's time per output token: where the
     core's loop (schedule, launch, wait for the device, the gap to the next step) goes."""
-    inside = [s for s in steps if any(first < s["t"] <= end for _, first, end in times)]
+    inside = [s for s in steps if any(first < s["t"] <= end for _, first, end, _ in times)]
     decode = [s for s in inside if s["decode_rows"] and not s["prompt_tokens"]
               and not s.get("encoder_tokens")]
     if len(decode) < 2:
@@ -85,7 +120,7 @@ def print_decode_steps(steps: list[dict], times: list, max_tokens: int) -> None:
           f"{med['schedule_ms']:.2f} + launch {med['launch_ms']:.2f} + wait {med['wait_ms']:.2f}"
           f" (+ the rest of the loop); step end to step end {statistics.median(gaps):.2f} ms; "
           f"the client's time per output token "
-          f"{statistics.median(1e3 * (e - f) / (max_tokens - 1) for _, f, e in times):.2f} ms")
+          f"{statistics.median(1e3 * (e - f) / (max_tokens - 1) for _, f, e, _ in times):.2f} ms")
 
 
 def media_load_ms(image_b64: str, repeats: int = 5) -> float:
@@ -104,8 +139,9 @@ async def episode(base: str, model: str, steps: int, max_tokens: int, seed: int)
     async with httpx.AsyncClient(timeout=300) as client:
         for step in range(steps):
             messages = ep.add_screen(step, screenshot_png_base64(seed, 0, step))
+            sums = await server_sums(client, base)
             sent, first, end, text = await send(client, base, model, messages, max_tokens)
-            out.append((sent, first, end))
+            out.append((sent, first, end, await server_times(client, base, sums)))
             ep.add_reply(text or "<think>ok</think><answer>do(action=\"Back\")</answer>")
     return out
 
@@ -146,21 +182,29 @@ def main() -> None:
         server.stop()
     with open(trace) as f:
         steps = [json.loads(line) for line in f]
-    rows = [dict(step=i, **attribute(steps, sent, first), step_ms=1e3 * (end - sent))
-            for i, (sent, first, end) in enumerate(times)]
+    rows = []
+    for i, (sent, first, end, server) in enumerate(times):
+        row = dict(step=i, **attribute(steps, sent, first), step_ms=1e3 * (end - sent), **server)
+        if "ttft_ms" in row and server:
+            # the client's send to the engine's arrival, plus the first token's way back
+            row["to_engine_ms"] = row["ttft_ms"] - server["server_ttft_ms"]
+        rows.append(row)
     load_ms = media_load_ms(screenshot_png_base64(1, 0, 0))
-    keys = ("ttft_ms", "before_ms", "vision_ms", "prompt_ms", "after_ms", "step_ms")
+    keys = ("ttft_ms", "before_ms", "to_engine_ms", "queue_ms", "vision_ms", "prompt_ms",
+            "after_ms", "step_ms")
     print(f"the server's image loading alone (decode, RGB, hash) on this CPU: {load_ms:.1f} ms")
-    print("| step | TTFT ms | before ms | vision steps ms | prompt steps ms | after ms | "
-          "step latency ms | work steps | prompt tokens | vision tokens |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| step | TTFT ms | before ms | to the engine ms | queue ms | vision steps ms | "
+          "prompt steps ms | after ms | step latency ms | work steps | prompt tokens | "
+          "vision tokens |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         cells = " | ".join(f"{r[k]:.1f}" if k in r else "—" for k in keys)
         print(f"| {r['step']} | {cells} | {r.get('work_steps', '—')} | "
               f"{r.get('prompt_tokens', '—')} | {r.get('encoder_tokens', '—')} |")
     full = [r for r in rows if "ttft_ms" in r]
     if full:
-        med = {k: statistics.median(r[k] for r in full) for k in keys}
+        med = {k: statistics.median(r[k] for r in full if k in r) if any(k in r for r in full)
+               else float("nan") for k in keys}
         print("| median | " + " | ".join(f"{med[k]:.1f}" for k in keys) + " | | | |")
     print_decode_steps(steps, times, args.max_tokens)
     with open(os.path.join(args.out, "ttft_timeline.json"), "w") as f:
