@@ -78,7 +78,8 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, tokens: int, args
     dead = H.diagonal() == 0          # inputs never active: any value works, use 0
     H[dead, dead] = 1.0
     W[:, dead] = 0.0
-    target, target_hessian = W.clone(), H.clone()
+    # the refit's target: W is compensated in place below; H is only ever rebound, not written
+    target, target_hessian = W.clone(), H
     qmin, qmax = (float(v) for v in calculate_range(args, W.device))
 
     scale = torch.zeros(rows, cols // gs, dtype=scale_dtype, device=W.device)
