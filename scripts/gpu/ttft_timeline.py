@@ -10,13 +10,14 @@ between its send and its first token split the TTFT into: before the first step 
 work (HTTP, image decoding and hashing, tokenization, the hop to the core), the steps running
 its vision blocks, the steps computing its prompt, and after the step that sampled its first
 token (the token's way back to the client). Two more columns come from the server's own
-histograms (/metrics): "to the engine", the client's TTFT less the server's (the client's send
-to the request's arrival at the engine, its image and prompt prepared, plus the first token's
-way back and any tokens the detokenizer holds while they end mid-character: many with
---smoke's 256-byte vocabulary, none with the packaged model's), and "queue", arrival to first
-scheduled (the hop to the core, and the launch of the vision tower, which comes before the
-step schedules the prompt; on a CPU, the tower's run). Also times the server's image loading
-alone (multimodal/media.py) on this host's CPU. Prints a table, writes $OUT/ttft_timeline.json.
+histograms (/dashboard/data): "to the engine", the client's TTFT less the server's (the
+client's send to the request's arrival at the engine, its image and prompt prepared, plus the
+first token's way back and any tokens the detokenizer holds while they end mid-character: many
+with --smoke's 256-byte vocabulary, none with the packaged model's), and "queue", arrival to
+first scheduled (the hop to the core, and the launch of the vision tower, which comes before
+the step schedules the prompt; on a CPU, the tower's run). Also times the server's image
+loading alone (multimodal/media.py) on this host's CPU. Prints a table, writes
+$OUT/ttft_timeline.json.
 """
 from __future__ import annotations
 
@@ -56,20 +57,16 @@ async def send(client: httpx.AsyncClient, base: str, model: str, messages, max_t
     return sent, first, time.time(), "".join(text)
 
 
-SERVER_SUMS = {"server_ttft_ms": "vllm:time_to_first_token_seconds",
-               "queue_ms": "vllm:request_queue_time_seconds"}
+SERVER_HISTOGRAMS = {"server_ttft_ms": "vllm:time_to_first_token_seconds",
+                     "queue_ms": "vllm:request_queue_time_seconds"}
 
 
 async def server_sums(client: httpx.AsyncClient, base: str) -> dict:
-    """The server's /metrics histograms of SERVER_SUMS: {key: (count, sum in ms)}."""
-    text = (await client.get(base + "/metrics")).text
-    out = {key: [0, 0.0] for key in SERVER_SUMS}
-    for line in text.splitlines():
-        for key, name in SERVER_SUMS.items():
-            for suffix, i, scale in (("_count", 0, 1), ("_sum", 1, 1e3)):
-                if line.startswith(name + suffix):
-                    out[key][i] += scale * float(line.rsplit(" ", 1)[1])
-    return out
+    """{key: (count, sum in ms)} of SERVER_HISTOGRAMS, from the server's /dashboard/data (its
+    metrics registry with each histogram summed over its labels, server/dashboard.py)."""
+    histograms = (await client.get(base + "/dashboard/data")).json()["histograms"]
+    return {key: (histograms[name]["count"], 1e3 * histograms[name]["sum"])
+            for key, name in SERVER_HISTOGRAMS.items()}
 
 
 async def server_times(client: httpx.AsyncClient, base: str, before: dict) -> dict:
@@ -79,8 +76,8 @@ async def server_times(client: httpx.AsyncClient, base: str, before: dict) -> di
     change; the request's metrics land as it finishes, so this waits for the count to move."""
     for _ in range(100):
         after = await server_sums(client, base)
-        if all(after[k][0] > before[k][0] for k in SERVER_SUMS):
-            return {k: after[k][1] - before[k][1] for k in SERVER_SUMS}
+        if all(after[k][0] > before[k][0] for k in SERVER_HISTOGRAMS):
+            return {k: after[k][1] - before[k][1] for k in SERVER_HISTOGRAMS}
         await asyncio.sleep(0.01)
     return {}
 
