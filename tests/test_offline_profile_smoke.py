@@ -1,0 +1,26 @@
+"""scripts/gpu/offline_profile.py --smoke runs the GPU script's whole path on CPU (a tiny
+GLM-4.1V, two step budgets on one engine): the core's record of every step must account for
+every token the batch computed, and a smaller budget must split the prompts into more steps."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_offline_profile_smoke_runs():
+    r = subprocess.run([sys.executable, "scripts/gpu/offline_profile.py", "--smoke"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stdout[-3000:]
+    lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    runs = {x["budget"]: x for x in lines if x["kind"] == "run"}
+    assert sorted(runs) == [64, 256]
+    for run in runs.values():
+        # 8 prompts of 48 tokens, 4 tokens out each: the last sampled token is never fed back
+        assert run["prompt_steps"]["tokens"] + run["decode_steps"]["tokens"] == 8 * (48 + 3)
+        assert run["out_tok_s"] > 0 and run["prompt_steps"]["launch_ms"] > 0
+    assert runs[64]["prompt_steps"]["steps"] > runs[256]["prompt_steps"]["steps"]
+    assert {x["budget"] for x in lines if x["kind"] == "profile"} == {64, 256}
