@@ -20,8 +20,8 @@ class LLM:
         """loaded: weights already in memory (another LLM's ``engine.core.loaded``), so tests
         and tools can try other engine settings without loading the checkpoint again."""
         config = EngineConfig(model=model, **kwargs)
-        self.engine = LLMEngine(resolve_settings(config, loaded.resolved if loaded else None),
-                                loaded)
+        self.engine = LLMEngine(resolve_settings(config, loaded.resolved if loaded else None,
+                                                 offline=True), loaded)
 
     @property
     def tokenizer(self):
