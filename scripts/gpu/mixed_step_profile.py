@@ -118,7 +118,9 @@ def main() -> None:
     ap.add_argument("--server-args", default="", help="e.g. decode_step_tokens=1024")
     ap.add_argument("--sync-debug", action="store_true")
     args = ap.parse_args()
-    extra = dict(kv.split("=") for kv in args.server_args.split())
+    # the server's step budget (the offline API's default is larger on a GPU)
+    extra = {"max_num_batched_tokens": 2048,
+             **dict(kv.split("=") for kv in args.server_args.split())}
     llm = LLM("autoglm-phone-9b", load_format="dummy", dtype="bfloat16", max_model_len=25480,
               mm_processor_kwargs={"max_pixels": 5_000_000}, limit_mm_per_prompt={"image": 10},
               **{k: int(v) for k, v in extra.items()})

@@ -99,9 +99,10 @@ def main() -> None:
         llm = LLM(str(path), max_model_len=4096, mm_processor_kwargs={"max_pixels": 60_000})
         args.steps = 2
     else:
+        # the server's step budget (the offline API's default is larger on a GPU)
         llm = LLM("autoglm-phone-9b", load_format="dummy", dtype="bfloat16", max_model_len=25480,
                   mm_processor_kwargs={"max_pixels": 5_000_000},
-                  limit_mm_per_prompt={"image": 10})
+                  limit_mm_per_prompt={"image": 10}, max_num_batched_tokens=2048)
     episode = PhoneEpisode(0, TASKS[0])
     times: dict[int, list[float]] = {v: [] for v in variants}
     steps: dict[int, int] = {}
