@@ -53,11 +53,14 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
         xq, x_scale = quantize_rows(x2)
     if x.device.type == "cpu" and not cpu_scaled_mm_takes_row_scales():
         out = ((xq.float() @ weight.float().t()) * x_scale * weight_scale).to(x.dtype)
+        if bias is not None:
+            out = out + bias
     else:
+        # the bias in the GEMM's epilogue: no kernel of its own (qkv's, every layer)
         out = torch._scaled_mm(xq, weight.t(), scale_a=x_scale,
-                               scale_b=weight_scale.view(1, -1), out_dtype=x.dtype)
-    if bias is not None:
-        out = out + bias
+                               scale_b=weight_scale.view(1, -1),
+                               bias=None if bias is None else bias.to(x.dtype),
+                               out_dtype=x.dtype)
     return out.reshape(*shape[:-1], weight.shape[0])
 
 
