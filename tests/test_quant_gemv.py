@@ -173,6 +173,23 @@ def test_fused_activation_quantization_is_bitwise_the_torch_ops():
     assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
 
 
+def test_activation_quantization_given_the_row_amax_is_bitwise_its_own_pass():
+    """Where the fused norm gave each row's amax (qkv's and gate_up's inputs at any row
+    count), the quantization skips its own pass over x: the same scales and values."""
+    g = gen()
+    x = (torch.randn(6, 1000, generator=g) * torch.logspace(-3, 2, 6)[:, None]).to(
+        DEVICE, torch.bfloat16)
+    x[2] = 0
+    amax = x.float().abs().amax(dim=-1)
+    q, s = fp8_quant.quantize_rows(x, row_amax=amax)
+    q_ref, s_ref = fp8_quant.quantize_rows(x)
+    assert torch.equal(s, s_ref)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+    # the kernel reads the amax it is given: a doubled amax doubles every scale
+    _, s2 = fp8_quant.quantize_rows(x, row_amax=2 * amax)
+    assert torch.equal(s2[amax > 0], (2 * s_ref)[amax > 0])
+
+
 def _one_shape_per_config(table: dict) -> dict:
     """A tuned table cut to one shape for each distinct (kind, config): its smallest K."""
     kept = {}

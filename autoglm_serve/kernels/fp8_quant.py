@@ -3,8 +3,9 @@
 scale = max(row amax / 448, 1e-12) and q = saturate(x / scale), as quantization/fp8.quantize_rows,
 whose four torch ops (abs-amax, divide, clamp, cast) each read or write the whole activation.
 
-One program per row: a pass for the amax, then a pass that writes the quantized row (the second
-read of the row comes from L2). No host syncs, fixed shapes: CUDA-graph safe.
+One program per row: a pass for the amax (skipped where the kernel that wrote x gave it), then
+a pass that writes the quantized row (the second read of the row comes from L2). No host syncs,
+fixed shapes: CUDA-graph safe.
 """
 from __future__ import annotations
 
@@ -21,18 +22,22 @@ MIN_SCALE = tl.constexpr(1e-12)
 
 
 @triton.jit
-def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, BLOCK_K: tl.constexpr,
-                          PDL: tl.constexpr):
+def _quantize_rows_kernel(x_ptr, amax_ptr, q_ptr, s_ptr, K, stride_x, BLOCK_K: tl.constexpr,
+                          HAS_AMAX: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_K)
     x_row = x_ptr + row * stride_x
     wait_for_previous_grid(PDL)
-    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
-        x = tl.load(x_row + k + offs, mask=offs < K - k, other=0.0)
-        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+    if HAS_AMAX:        # the kernel that wrote x measured it: one pass over the row, not two
+        row_max = tl.load(amax_ptr + row)
+    else:
+        amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            x = tl.load(x_row + k + offs, mask=offs < K - k, other=0.0)
+            amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+        row_max = tl.max(amax, axis=0)
     # IEEE divisions (Triton's / is approximate): bit for bit the torch ops
-    scale = tl.maximum(tl.div_rn(tl.max(amax, axis=0), FP8_MAX), MIN_SCALE)
+    scale = tl.maximum(tl.div_rn(row_max, FP8_MAX), MIN_SCALE)
     tl.store(s_ptr + row, scale)
     for k in range(0, K, BLOCK_K):
         mask = offs < K - k
@@ -41,16 +46,20 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, BLOCK_K: tl.constexp
         tl.store(q_ptr + row * K + k + offs, q.to(tl.float8e4nv), mask=mask)
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[M, K] 16/32-bit -> (e4m3 [M, K], float32 scale [M, 1])."""
+def quantize_rows(x: torch.Tensor, row_amax: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """[M, K] 16/32-bit -> (e4m3 [M, K], float32 scale [M, 1]). row_amax: float32 [M], each
+    row's max |x| where the kernel that wrote x computed it (GLM's fused norm pair), else None."""
     m, k = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
     q = torch.empty(m, k, dtype=FP8, device=x.device)
     scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
     if m:
+        assert row_amax is None or (row_amax.dtype == torch.float32 and row_amax.numel() == m)
         block_k = min(2048, triton.next_power_of_2(k))
-        _quantize_rows_kernel[(m,)](x, q, scale, k, x.stride(0), BLOCK_K=block_k,
+        _quantize_rows_kernel[(m,)](x, x if row_amax is None else row_amax, q, scale, k,
+                                    x.stride(0), BLOCK_K=block_k, HAS_AMAX=row_amax is not None,
                                     num_warps=4 if block_k >= 1024 else 1,
                                     **pdl.launch_options(x.device))
     return q, scale

@@ -39,8 +39,8 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                bias: torch.Tensor | None, row_amax: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] (16/32-bit), weight e4m3 [N, K], weight_scale float32 [N] -> [..., N].
-    row_amax: each row's max |x| where the kernel that wrote x computed it (the decode GEMV
-    then skips its own pass over x), else None."""
+    row_amax: each row's max |x| where the kernel that wrote x computed it (the decode GEMV,
+    or the quantization before ``_scaled_mm``, then skips its own pass over x), else None."""
     shape = x.shape
     gemv = _decode_gemv(x, weight, bias, gated=False)
     if gemv is not None:      # a few rows: the FP8 decode GEMV, quantizing x inside
@@ -48,7 +48,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     x2 = x.reshape(-1, shape[-1])
     if fused_kernels_on(x):   # one kernel for the per-token quantization
         from autoglm_serve.kernels import fp8_quant
-        xq, x_scale = fp8_quant.quantize_rows(x2)
+        xq, x_scale = fp8_quant.quantize_rows(
+            x2, None if row_amax is None else row_amax.view(-1))
     else:
         xq, x_scale = quantize_rows(x2)
     if x.device.type == "cpu" and not cpu_scaled_mm_takes_row_scales():
