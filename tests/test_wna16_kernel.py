@@ -110,6 +110,22 @@ def test_fp8_gemm_is_exact_against_its_dequantized_operands():
     assert 1e-3 < rel(out, F.linear(x, w)) < 0.1     # and e4m3 is an approximation
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fp8_gemm_adds_the_bias(dtype):
+    """A 16-bit bias goes in _scaled_mm's epilogue; with a float32 output (which torch's
+    row-wise FP8 GEMM refuses a bias with on CUDA) it is added after. Both as the reference."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 64, generator=g).to(DEVICE, dtype)
+    w = (torch.randn(48, 64, generator=g) * 0.1).to(DEVICE)
+    b = torch.randn(48, generator=g).to(DEVICE, dtype)
+    wq, ws = quantize_rows(w)
+    xq, xs = quantize_rows(x)
+    out = fp8_linear(x, wq, ws.view(-1), b)
+    assert out.dtype == dtype
+    ref = F.linear(xq.float() * xs, wq.float() * ws) + b.float()
+    assert rel(out.float(), ref) < (1e-2 if dtype == torch.bfloat16 else 2e-4)
+
+
 def test_fp8_gemm_on_a_cpu_whose_scaled_mm_takes_single_scales_only(monkeypatch):
     """torch 2.11's CPU `_scaled_mm` asserts per-tensor scales: there the e4m3 values are
     multiplied in float32, the same products as `_scaled_mm` gives where it takes row scales."""

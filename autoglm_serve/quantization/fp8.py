@@ -52,16 +52,18 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
             x2, None if row_amax is None else row_amax.view(-1))
     else:
         xq, x_scale = quantize_rows(x2)
+    epilogue_bias = None
     if x.device.type == "cpu" and not cpu_scaled_mm_takes_row_scales():
         out = ((xq.float() @ weight.float().t()) * x_scale * weight_scale).to(x.dtype)
-        if bias is not None:
-            out = out + bias
     else:
-        # the bias in the GEMM's epilogue: no kernel of its own (qkv's, every layer)
+        # a 16-bit bias goes in the GEMM's epilogue, no kernel of its own (qkv's, every
+        # layer); torch's row-wise FP8 GEMM refuses a bias with a float32 output on CUDA
+        epilogue_bias = bias if x.dtype in (torch.bfloat16, torch.float16) else None
         out = torch._scaled_mm(xq, weight.t(), scale_a=x_scale,
-                               scale_b=weight_scale.view(1, -1),
-                               bias=None if bias is None else bias.to(x.dtype),
+                               scale_b=weight_scale.view(1, -1), bias=epilogue_bias,
                                out_dtype=x.dtype)
+    if bias is not None and epilogue_bias is None:
+        out = out + bias
     return out.reshape(*shape[:-1], weight.shape[0])
 
 
