@@ -112,8 +112,12 @@ def test_fp8_gemm_is_exact_against_its_dequantized_operands():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_fp8_gemm_adds_the_bias(dtype):
-    """A 16-bit bias goes in _scaled_mm's epilogue; with a float32 output (which torch's
-    row-wise FP8 GEMM refuses a bias with on CUDA) it is added after. Both as the reference."""
+    """A 16-bit bias goes in _scaled_mm's epilogue where torch takes it there (the CPU's
+    does); with a float32 output (which torch's row-wise FP8 GEMM refuses a bias with on CUDA)
+    it is added after. Both as the reference."""
+    from autoglm_serve.quantization.fp8 import epilogue_bias_works
+    if DEVICE == "cpu":     # torch 2.13's CPU _scaled_mm takes a bf16 bias in its epilogue
+        assert epilogue_bias_works(torch.device("cpu"), dtype) == (dtype == torch.bfloat16)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 64, generator=g).to(DEVICE, dtype)
     w = (torch.randn(48, 64, generator=g) * 0.1).to(DEVICE)

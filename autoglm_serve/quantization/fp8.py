@@ -14,12 +14,15 @@ no host syncs, CUDA-graph safe.
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 from torch import nn
 
 from autoglm_serve.kernels import fused_kernels_on
 from autoglm_serve.models.layers.linear import LinearMethod
+
+logger = logging.getLogger(__name__)
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
@@ -56,9 +59,9 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     if x.device.type == "cpu" and not cpu_scaled_mm_takes_row_scales():
         out = ((xq.float() @ weight.float().t()) * x_scale * weight_scale).to(x.dtype)
     else:
-        # a 16-bit bias goes in the GEMM's epilogue, no kernel of its own (qkv's, every
-        # layer); torch's row-wise FP8 GEMM refuses a bias with a float32 output on CUDA
-        epilogue_bias = bias if x.dtype in (torch.bfloat16, torch.float16) else None
+        # the bias in the GEMM's epilogue: no kernel of its own (qkv's, every layer)
+        if bias is not None and epilogue_bias_works(x.device, x.dtype):
+            epilogue_bias = bias
         out = torch._scaled_mm(xq, weight.t(), scale_a=x_scale,
                                scale_b=weight_scale.view(1, -1), bias=epilogue_bias,
                                out_dtype=x.dtype)
@@ -80,6 +83,32 @@ def cpu_scaled_mm_takes_row_scales() -> bool:
     except RuntimeError:
         return False
     return True
+
+
+@functools.cache
+def epilogue_bias_works(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether torch's row-wise ``_scaled_mm`` here adds a bias of ``dtype`` in its epilogue
+    as the W8A8 reference does. cuBLAS takes a 16-bit bias with a 16-bit output only (torch
+    refuses a float32 one on CUDA); elsewhere the bias is added after the GEMM. Each FP8 layer
+    asks at load, so the answer is known before any forward (and any CUDA-graph capture)."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        return False
+    gen = torch.Generator().manual_seed(0)
+    xq, xs = quantize_rows(torch.randn(32, 64, generator=gen).to(device, dtype))
+    wq, ws = quantize_rows((torch.randn(48, 64, generator=gen) * 0.1).to(device))
+    bias = torch.randn(48, generator=gen).to(device, dtype)
+    try:
+        out = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.view(1, -1), bias=bias,
+                               out_dtype=dtype)
+    except RuntimeError as exc:
+        logger.info("FP8 GEMMs add their bias after _scaled_mm here: %r", exc)
+        return False
+    want = (xq.float() * xs) @ (wq.float() * ws).t() + bias.float()
+    err = ((out.float() - want).norm() / want.norm()).item()
+    if not err < 2e-2:
+        logger.warning("_scaled_mm's bias disagrees with the reference (relative error %.3g): "
+                       "FP8 GEMMs add their bias after it", err)
+    return err < 2e-2
 
 
 def _decode_gemv(x, weight, bias, gated):
@@ -110,6 +139,8 @@ class Fp8LinearMethod(LinearMethod):
                                               requires_grad=False)
 
     def process_weights_after_loading(self, layer) -> None:
+        if layer.bias is not None:
+            epilogue_bias_works(layer.weight.device, self.params_dtype)
         if self.quantize_at_load:
             q, scale = quantize_rows(layer.weight.data)
             layer.weight = nn.Parameter(q, requires_grad=False)
