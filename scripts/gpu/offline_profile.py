@@ -1,6 +1,6 @@
 """Where offline throughput goes, bf16 against FP8: the host's time per step beside the GPU's (GPU).
 
-    python3 scripts/gpu/offline_profile.py [--modes bf16,fp8] [--budgets 2048,8192]
+    python3 scripts/gpu/offline_profile.py [--modes bf16,fp8] [--budgets 2048,8192,16384]
     python3 scripts/gpu/offline_profile.py --smoke     # CPU, a tiny GLM-4.1V (checks the script)
 
 AutoGLM-Phone-9B with random weights, the offline figure of quant_bench.py (256 requests of 512
@@ -138,7 +138,7 @@ def worker(args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--modes", default="bf16,fp8")
-    ap.add_argument("--budgets", default="2048,8192")
+    ap.add_argument("--budgets", default="2048,8192,16384")
     ap.add_argument("--num-requests", type=int, default=256)
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=128)
