@@ -30,6 +30,19 @@ class StepRecord:
     sync_s: float | None           # completing this step at once (None: left in flight)
 
 
+def step_rows(record: StepRecord | None) -> tuple[int, int, int]:
+    """(decode rows, prompt tokens, prompts) of the step just run: read right after it, while
+    each request's num_computed_tokens already counts the step's tokens and no later ones."""
+    decode_rows = prompt_tokens = prompts = 0
+    for s in record.scheduled.scheduled if record is not None else ():
+        if s.request.num_computed_tokens - s.num_new_tokens >= s.request.num_prompt_tokens:
+            decode_rows += 1
+        else:
+            prompts += 1
+            prompt_tokens += s.num_new_tokens
+    return decode_rows, prompt_tokens, prompts
+
+
 class StepTrace:
     def __init__(self, path: str):
         self._file = open(path, "a", buffering=1)   # line-buffered: readable while it runs
@@ -46,14 +59,7 @@ class StepTrace:
 
     def step_done(self, core, seconds: float) -> None:
         record = core.last_step
-        decode_rows = prompt_tokens = prompts = 0
-        for s in record.scheduled.scheduled if record is not None else ():
-            # counted after the launch: the step's tokens are already in num_computed_tokens
-            if s.request.num_computed_tokens - s.num_new_tokens >= s.request.num_prompt_tokens:
-                decode_rows += 1
-            else:
-                prompts += 1
-                prompt_tokens += s.num_new_tokens
+        decode_rows, prompt_tokens, prompts = step_rows(record)
         line = {"t": round(time.time(), 6), "ms": round(1e3 * seconds, 3),
                 "decode_rows": decode_rows, "prompt_tokens": prompt_tokens, "prompts": prompts,
                 "running": core.num_running, "waiting": core.num_waiting}

@@ -40,14 +40,17 @@ def set_budget(core, tokens: int) -> None:
 
 
 def recorded_run(llm, prompts, params) -> tuple[float, int, list]:
-    """(seconds, output tokens, the core's StepRecord of every step)."""
+    """(seconds, output tokens, each step's StepRecord with its prompt tokens: read as the step
+    ends, when its requests' computed tokens count it and no later step)."""
+    from autoglm_serve.engine.step_trace import step_rows
     engine, records = llm.engine, []
     step = engine.step
 
     def recording_step():
         outs = step()
-        if engine.core.last_step is not None:
-            records.append(engine.core.last_step)
+        record = engine.core.last_step
+        if record is not None:
+            records.append((record, step_rows(record)[1]))
         return outs
 
     engine.step = recording_step
@@ -61,18 +64,15 @@ def recorded_run(llm, prompts, params) -> tuple[float, int, list]:
 
 
 def step_summary(records) -> dict:
+    """The steps that carried a prompt chunk (decodes beside it included) and the others."""
     def part(rs):
-        n = len(rs)
-        tot = {k: 1e3 * sum(getattr(r, k) or 0 for r in rs)
+        tot = {k: 1e3 * sum(getattr(r, k) or 0 for r, _ in rs)
                for k in ("encode_s", "schedule_s", "launch_s", "wait_s", "sync_s")}
-        return dict(steps=n, **{k.replace("_s", "_ms"): round(v, 1) for k, v in tot.items()},
-                    tokens=sum(r.scheduled.num_batched_tokens for r in rs))
-    prompt = [r for r in records if any(
-        s.request.num_computed_tokens - s.num_new_tokens < s.request.num_prompt_tokens
-        for s in r.scheduled.scheduled)]
-    ids = {id(r) for r in prompt}
-    return dict(prompt_steps=part(prompt), decode_steps=part([r for r in records
-                                                               if id(r) not in ids]))
+        return dict(steps=len(rs), **{k.replace("_s", "_ms"): round(v, 1) for k, v in tot.items()},
+                    tokens=sum(r.scheduled.num_batched_tokens for r, _ in rs),
+                    prompt_tokens=sum(n for _, n in rs))
+    return dict(prompt_steps=part([(r, n) for r, n in records if n]),
+                decode_steps=part([(r, n) for r, n in records if not n]))
 
 
 def profiled_run(llm, prompts, params) -> dict:
@@ -149,7 +149,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.smoke:
         args.modes, args.budgets = "bf16", "64,256"
-        args.num_requests, args.input_len, args.output_len, args.profile_requests = 8, 48, 4, 4
+        args.num_requests, args.input_len, args.output_len, args.profile_requests = 8, 48, 24, 4
     if args.worker:
         return worker(args)
     for mode in args.modes.split(","):
