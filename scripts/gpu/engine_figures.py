@@ -53,6 +53,18 @@ def gpu_window(mon, t0: float, t1: float) -> dict | None:
     return {k: s[k] for k in ("samples", "util_mean", "util_p50", "mem_peak_mib", "power_mean_w")}
 
 
+def kernel_busy_time(kernels) -> tuple[float, list[float]]:
+    """kernels: (start, end) of each CUDA kernel a profiler saw, sorted by start (any unit).
+    Returns the time at least one ran, and the idle gaps between them, in that unit."""
+    busy, gaps, end = 0.0, [], kernels[0][0] if kernels else 0.0
+    for start, stop in kernels:
+        if start > end:
+            gaps.append(start - end)
+        busy += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    return busy, gaps
+
+
 # ---- driving the engine ----------------------------------------------------------------------
 class Deadline(Exception):
     pass

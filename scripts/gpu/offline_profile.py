@@ -15,7 +15,6 @@ time near the step's and ~0 wait; a device-bound one the reverse.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import subprocess
@@ -26,12 +25,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests"), HERE]
 
-MODES = {"bf16": {}, "fp8": {"quantization": "fp8"},
-         "w4a16": {"quantization": "compressed-tensors"}}
-
-
-def emit(kind: str, **kw) -> None:
-    print(json.dumps({"kind": kind, **kw}, default=str), flush=True)
+from engine_figures import emit, kernel_busy_time  # noqa: E402
+from quant_bench import MODES  # noqa: E402
 
 
 def set_budget(core, tokens: int) -> None:
@@ -86,12 +81,10 @@ def profiled_run(llm, prompts, params) -> dict:
         wall = time.perf_counter() - t0
     kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
                      if e.device_type.name == "CUDA")
-    busy, end, by_name = 0.0, None, {}
-    for s, e, name in kernels:
-        end = s if end is None else end
-        busy += max(0.0, e - max(s, end))
-        end = max(end, e)
-        by_name[name] = by_name.get(name, 0.0) + (e - s)
+    busy, _ = kernel_busy_time([(start, stop) for start, stop, _ in kernels])
+    by_name = {}
+    for start, stop, name in kernels:
+        by_name[name] = by_name.get(name, 0.0) + (stop - start)
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
     return dict(wall_ms=round(1e3 * wall, 1), gpu_busy_ms=round(busy / 1e3, 1),
                 kernel_count=len(kernels),

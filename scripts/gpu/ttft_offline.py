@@ -30,6 +30,7 @@ import autoglm_serve.engine.core.scheduler as scheduler  # noqa: E402
 from autoglm_serve import LLM, SamplingParams  # noqa: E402
 from autoglm_serve.bench.phone_agent import PhoneEpisode, TASKS  # noqa: E402
 from autoglm_serve.bench.screenshots import screenshot_png_base64  # noqa: E402
+from engine_figures import kernel_busy_time  # noqa: E402
 
 REPLY = '<think>ok</think><answer>do(action="Back")</answer>' * 3
 
@@ -69,12 +70,7 @@ def profiled(llm: LLM, messages: list, min_chunk: int) -> None:
     if not kernels:
         print(f"\nmin chunk {min_chunk}, profiled: wall {wall:.1f} ms, no GPU kernels")
         return
-    busy, idle, end = 0.0, [], kernels[0][0]
-    for s, e in kernels:
-        if s > end:
-            idle.append(s - end)
-        busy += max(0.0, e - max(s, end))
-        end = max(end, e)
+    busy, idle = kernel_busy_time(kernels)
     span = kernels[-1][1] - kernels[0][0]
     print(f"\nmin chunk {min_chunk}, profiled: wall {wall:.1f} ms, first kernel to last "
           f"{span / 1e3:.1f} ms, GPU busy {busy / 1e3:.1f} ms; idle gaps over 50 us: "
