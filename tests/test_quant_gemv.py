@@ -7,7 +7,7 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-from autoglm_serve.kernels import fp8_gemv, fp8_quant, w4a16_gemv  # noqa: E402
+from autoglm_serve.kernels import fp8_gemv, fp8_quant, fused_ops, w4a16_gemv  # noqa: E402
 from autoglm_serve.kernels.gemv import GemvConfig as Config  # noqa: E402
 from autoglm_serve.quantization import fp8, kernel_checks  # noqa: E402
 from autoglm_serve.quantization.kernel_checks import (  # noqa: E402
@@ -190,6 +190,49 @@ def test_activation_quantization_given_the_row_amax_is_bitwise_its_own_pass():
     assert torch.equal(s2[amax > 0], (2 * s_ref)[amax > 0])
 
 
+@pytest.mark.parametrize("d", [1000, 3000])
+def test_silu_and_mul_quantization_is_bitwise_the_two_kernels(d):
+    """down_proj's input quantized as SiLU-and-mul computes it: the codes and scales of the
+    SiLU kernel's product quantized after it. d = 3000: more than one 2,048-column chunk, the
+    last one partial."""
+    g = gen()
+    x = (torch.randn(5, 2 * d, generator=g) * torch.logspace(-2, 2, 5)[:, None]).to(
+        DEVICE, torch.bfloat16)
+    x[3] = 0
+    q, s = fp8_quant.silu_and_mul_quantize(x)
+    q_ref, s_ref = fp8_quant.quantize_rows(fused_ops.silu_and_mul(x))
+    assert s.shape == (5, 1) and q.shape == (5, d)
+    assert torch.equal(s, s_ref)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+
+
+def test_quantization_start_up_check_switches_a_wrong_kernel_off(monkeypatch):
+    assert kernel_checks.check_fp8_quant(torch.device(DEVICE), torch.bfloat16)
+    monkeypatch.setattr(fp8_quant, "silu_and_mul_quantize",
+                        lambda x: fp8_quant.quantize_rows(x[:, : x.shape[1] // 2]))
+    try:
+        assert not kernel_checks.check_fp8_quant(torch.device(DEVICE), torch.bfloat16)
+        assert not fp8_quant.ENABLED
+    finally:
+        fp8_quant.ENABLED = True
+
+
+@pytest.mark.gpu
+def test_fp8_down_proj_takes_its_input_quantized_by_the_silu_kernel(monkeypatch):
+    """An FP8 down_proj given [gate | up]: past the GEMV's rows one kernel makes its e4m3
+    input, and the output is bit for bit the SiLU kernel's product through fp8_linear."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w, ws = random_fp8(4096, 13696, "cuda", g)
+    fused = []
+    kernel = fp8_quant.silu_and_mul_quantize
+    monkeypatch.setattr(fp8_quant, "silu_and_mul_quantize", lambda x: fused.append(x) or kernel(x))
+    for m in (2, 40):
+        gate_up = torch.randn(m, 2 * 13696, generator=g, device="cuda").to(torch.bfloat16)
+        out = fp8.fp8_linear_of_silu_and_mul(gate_up, w, ws, None)
+        assert torch.equal(out, fp8.fp8_linear(fused_ops.silu_and_mul(gate_up), w, ws, None))
+        assert len(fused) == (m > fp8_gemv.MAX_ROWS)
+
+
 def _one_shape_per_config(table: dict) -> dict:
     """A tuned table cut to one shape for each distinct (kind, config): its smallest K."""
     kept = {}
@@ -211,6 +254,7 @@ def test_start_up_checks_pass(dtype, monkeypatch):
     try:
         assert kernel_checks.check_w4a16_gemv(torch.device(DEVICE), dtype)
         assert kernel_checks.check_fp8_gemv(torch.device(DEVICE), dtype)
+        assert kernel_checks.check_fp8_quant(torch.device(DEVICE), dtype)
     finally:
         w4a16_gemv.ENABLED = fp8_gemv.ENABLED = True
 

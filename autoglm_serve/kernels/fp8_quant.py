@@ -4,8 +4,13 @@ scale = max(row amax / 448, 1e-12) and q = saturate(x / scale), as quantization/
 whose four torch ops (abs-amax, divide, clamp, cast) each read or write the whole activation.
 
 One program per row: a pass for the amax (skipped where the kernel that wrote x gave it), then
-a pass that writes the quantized row (the second read of the row comes from L2). No host syncs,
-fixed shapes: CUDA-graph safe.
+a pass that writes the quantized row (the second read of the row comes from L2). down_proj's
+input is quantized as SiLU-and-mul computes it (``silu_and_mul_quantize``): the [gate | up] rows
+read twice (the second time from L2), where the two kernels read them, wrote the product in
+16 bits and read that twice. No host syncs, fixed shapes: CUDA-graph safe.
+
+``ENABLED``: quantization/kernel_checks.py sets it False where a kernel fails or disagrees with
+the torch ops at start-up (they then run).
 """
 from __future__ import annotations
 
@@ -14,8 +19,10 @@ import triton
 import triton.language as tl
 
 from autoglm_serve.kernels import pdl
+from autoglm_serve.kernels.fused_ops import silu_mul
 from autoglm_serve.kernels.pdl import wait_for_previous_grid
 
+ENABLED = True
 FP8 = torch.float8_e4m3fn
 FP8_MAX = tl.constexpr(448.0)       # constexpr: a global the kernels read
 MIN_SCALE = tl.constexpr(1e-12)
@@ -62,4 +69,44 @@ def quantize_rows(x: torch.Tensor, row_amax: torch.Tensor | None = None
                                     x.stride(0), BLOCK_K=block_k, HAS_AMAX=row_amax is not None,
                                     num_warps=4 if block_k >= 1024 else 1,
                                     **pdl.launch_options(x.device))
+    return q, scale
+
+
+@triton.jit
+def _silu_and_mul_quantize_kernel(x_ptr, q_ptr, s_ptr, D, stride_x, BLOCK: tl.constexpr,
+                                  PDL: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    gate_row = x_ptr + row * stride_x
+    wait_for_previous_grid(PDL)
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k in range(0, D, BLOCK):    # masked columns: silu(0) * 0 = 0, no effect on the amax
+        mask = offs < D - k
+        act = silu_mul(tl.load(gate_row + k + offs, mask=mask, other=0.0),
+                       tl.load(gate_row + D + k + offs, mask=mask, other=0.0))
+        amax = tl.maximum(amax, tl.abs(act.to(tl.float32)))
+    scale = tl.maximum(tl.div_rn(tl.max(amax, axis=0), FP8_MAX), MIN_SCALE)
+    tl.store(s_ptr + row, scale)
+    for k in range(0, D, BLOCK):
+        mask = offs < D - k
+        act = silu_mul(tl.load(gate_row + k + offs, mask=mask, other=0.0),
+                       tl.load(gate_row + D + k + offs, mask=mask, other=0.0))
+        q = tl.clamp(tl.div_rn(act.to(tl.float32), scale), -FP8_MAX, FP8_MAX)
+        tl.store(q_ptr + row * D + k + offs, q.to(tl.float8e4nv), mask=mask)
+
+
+def silu_and_mul_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[M, 2D] rows of [gate | up] (16/32-bit) -> (e4m3 [M, D], float32 scale [M, 1]): bit for
+    bit ``quantize_rows(fused_ops.silu_and_mul(x))``, without the product in memory."""
+    m, d2 = x.shape
+    d = d2 // 2
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    q = torch.empty(m, d, dtype=FP8, device=x.device)
+    scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
+    if m:
+        block = min(2048, triton.next_power_of_2(d))
+        _silu_and_mul_quantize_kernel[(m,)](x, q, scale, d, x.stride(0), BLOCK=block,
+                                            num_warps=4 if block >= 1024 else 1,
+                                            **pdl.launch_options(x.device))
     return q, scale

@@ -102,6 +102,15 @@ def rms_norm_pair(x: torch.Tensor, residual: torch.Tensor, first_weight: torch.T
 
 
 @triton.jit
+def silu_mul(gate, up):
+    """silu(gate) * up with PyTorch's rounding points: silu rounded to gate's dtype, then the
+    product (kernels/fp8_quant.py's fused quantization computes it by this too)."""
+    g = gate.to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)
+    return (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype)
+
+
+@triton.jit
 def _silu_mul_kernel(x_ptr, out_ptr, d, BLOCK: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -109,10 +118,7 @@ def _silu_mul_kernel(x_ptr, out_ptr, d, BLOCK: tl.constexpr, PDL: tl.constexpr):
     wait_for_previous_grid(PDL)
     gate = tl.load(x_ptr + row * 2 * d + cols, mask=mask, other=0.0)
     up = tl.load(x_ptr + row * 2 * d + d + cols, mask=mask, other=0.0)
-    g = gate.to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)
-    tl.store(out_ptr + row * d + cols, (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype),
-             mask=mask)
+    tl.store(out_ptr + row * d + cols, silu_mul(gate, up), mask=mask)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from autoglm_serve.models.layers.activation import SiluAndMul
 from autoglm_serve.models.layers.attention import Attention, AttentionMetadata
 from autoglm_serve.models.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from autoglm_serve.models.layers.linear import (LinearMethod, MergedColumnParallelLinear,
@@ -52,14 +51,13 @@ class GatedMLP(nn.Module):
                                                        linear_method=linear_method, dtype=dtype)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size,
                                            linear_method=linear_method, dtype=dtype)
-        self.act_fn = SiluAndMul()
 
     def forward(self, x, row_amax=None):
         # at decode one GEMV computes silu(gate) * up without writing the [gate | up] projection
         act = self.gate_up_proj.linear_method.apply_gated_silu(self.gate_up_proj, x, row_amax)
-        if act is None:
-            act = self.act_fn(self.gate_up_proj(x, row_amax))
-        return self.down_proj(act)
+        if act is not None:
+            return self.down_proj(act)
+        return self.down_proj.forward_silu_and_mul(self.gate_up_proj(x, row_amax))
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from autoglm_serve.kernels import fused_kernels_on
+from autoglm_serve.models.layers.activation import silu_and_mul
 from autoglm_serve.models.layers.linear import LinearMethod
 
 logger = logging.getLogger(__name__)
@@ -49,25 +50,57 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     if gemv is not None:      # a few rows: the FP8 decode GEMV, quantizing x inside
         return gemv.fp8_gemv(x, weight, weight_scale, bias, row_amax=row_amax)
     x2 = x.reshape(-1, shape[-1])
-    if fused_kernels_on(x):   # one kernel for the per-token quantization
-        from autoglm_serve.kernels import fp8_quant
-        xq, x_scale = fp8_quant.quantize_rows(
-            x2, None if row_amax is None else row_amax.view(-1))
+    quant = _quant_kernels(x)
+    if quant is not None:     # one kernel for the per-token quantization
+        xq, x_scale = quant.quantize_rows(x2, None if row_amax is None else row_amax.view(-1))
     else:
         xq, x_scale = quantize_rows(x2)
+    out = scaled_gemm(xq, x_scale, weight, weight_scale, bias, x.dtype)
+    return out.reshape(*shape[:-1], weight.shape[0])
+
+
+def fp8_linear_of_silu_and_mul(gate_up: torch.Tensor, weight: torch.Tensor,
+                               weight_scale: torch.Tensor,
+                               bias: torch.Tensor | None) -> torch.Tensor:
+    """fp8_linear(silu(gate) * up) for [..., 2K] rows of [gate | up]: on the ``_scaled_mm`` path
+    one kernel computes the product and quantizes it (kernels/fp8_quant.py)."""
+    k = weight.shape[1]
+    quant = _quant_kernels(gate_up)
+    if quant is None or _decode_gemv(gate_up[..., :k], weight, bias, gated=False) is not None:
+        return fp8_linear(silu_and_mul(gate_up), weight, weight_scale, bias)
+    shape = gate_up.shape
+    xq, x_scale = quant.silu_and_mul_quantize(gate_up.reshape(-1, shape[-1]))
+    out = scaled_gemm(xq, x_scale, weight, weight_scale, bias, gate_up.dtype)
+    return out.reshape(*shape[:-1], weight.shape[0])
+
+
+def scaled_gemm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
+                weight_scale: torch.Tensor, bias: torch.Tensor | None,
+                out_dtype: torch.dtype) -> torch.Tensor:
+    """(xq * x_scale) @ (weight * weight_scale)^T + bias: e4m3 [M, K] rows with float32 [M, 1]
+    scales against the e4m3 [N, K] weight, in ``out_dtype``."""
     epilogue_bias = None
-    if x.device.type == "cpu" and not cpu_scaled_mm_takes_row_scales():
-        out = ((xq.float() @ weight.float().t()) * x_scale * weight_scale).to(x.dtype)
+    if xq.device.type == "cpu" and not cpu_scaled_mm_takes_row_scales():
+        out = ((xq.float() @ weight.float().t()) * x_scale * weight_scale).to(out_dtype)
     else:
         # the bias in the GEMM's epilogue: no kernel of its own (qkv's, every layer)
-        if bias is not None and epilogue_bias_works(x.device, x.dtype):
+        if bias is not None and epilogue_bias_works(xq.device, out_dtype):
             epilogue_bias = bias
         out = torch._scaled_mm(xq, weight.t(), scale_a=x_scale,
                                scale_b=weight_scale.view(1, -1), bias=epilogue_bias,
-                               out_dtype=x.dtype)
+                               out_dtype=out_dtype)
     if bias is not None and epilogue_bias is None:
         out = out + bias
-    return out.reshape(*shape[:-1], weight.shape[0])
+    return out
+
+
+def _quant_kernels(x: torch.Tensor):
+    """kernels/fp8_quant.py where its kernels run on x (CUDA, fused kernels on, its start-up
+    check passed), else None (the torch ops)."""
+    if not fused_kernels_on(x):
+        return None
+    from autoglm_serve.kernels import fp8_quant
+    return fp8_quant if fp8_quant.ENABLED else None
 
 
 @functools.cache
@@ -150,6 +183,9 @@ class Fp8LinearMethod(LinearMethod):
 
     def apply(self, layer, x, bias, row_amax=None):
         return fp8_linear(x, layer.weight, layer.weight_scale, bias, row_amax)
+
+    def apply_to_silu_and_mul(self, layer, gate_up, bias):
+        return fp8_linear_of_silu_and_mul(gate_up, layer.weight, layer.weight_scale, bias)
 
     def apply_gated_silu(self, layer, x, row_amax=None):
         if layer.bias is not None:

@@ -1,5 +1,6 @@
 """Start-up self-check of the quantized decode GEMVs (kernels/w4a16_gemv.py, kernels/fp8_gemv.py)
-against the dequantize-then-matmul references, on every path once and every tuned config at its
+against the dequantize-then-matmul references (and of the FP8 activation quantization against
+the torch ops), on every path once and every tuned config at its
 own rows and K. It lives above the kernels (they must not import quantization back) and runs
 only for the kernels the loaded model uses, before CUDA-graph capture (it compiles).
 """
@@ -11,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autoglm_serve.kernels import fp8_gemv, w4a16_gemv
+from autoglm_serve.kernels import fp8_gemv, fp8_quant, fused_ops, w4a16_gemv
 from autoglm_serve.kernels.gemv import GemvConfig, tuned_check_shapes
 from autoglm_serve.models.layers.linear import LinearBase
 from autoglm_serve.quantization.fp8 import Fp8LinearMethod, quantize_rows
@@ -157,12 +158,44 @@ def check_fp8_gemv(device: torch.device, dtype: torch.dtype) -> bool:
     return _check(fp8_gemv, runs(), "FP8 GEMV", "the W8A8 reference", "_scaled_mm")
 
 
+def check_fp8_quant(device: torch.device, dtype: torch.dtype) -> bool:
+    """The activation quantization before ``_scaled_mm`` (kernels/fp8_quant.py), with and
+    without the row amax, and fused with SiLU-and-mul, against the torch ops bit for bit: they
+    decide every e4m3 code. Sets ``fp8_quant.ENABLED = False`` (the torch ops then run) on a
+    failure or a difference; returns ``ENABLED``."""
+    try:
+        gen = torch.Generator().manual_seed(0)
+        x = (torch.randn(6, 1000, generator=gen) * torch.logspace(-3, 2, 6)[:, None]).to(
+            device, dtype)
+        x[2] = 0                  # the minimum scale
+        gate_up = torch.randn(5, 2 * 1000, generator=gen).to(device, dtype)
+        # the fused product against the SiLU kernel's (check_fused_ops compares that one
+        # with PyTorch's; without it the layers run neither)
+        cases = [(quantize_rows(x), fp8_quant.quantize_rows(x)),
+                 (quantize_rows(x), fp8_quant.quantize_rows(x, x.float().abs().amax(dim=-1))),
+                 (quantize_rows(fused_ops.silu_and_mul(gate_up)),
+                  fp8_quant.silu_and_mul_quantize(gate_up))]
+        for (want_q, want_s), (q, s) in cases:
+            if not (torch.equal(s, want_s) and torch.equal(q.view(torch.uint8),
+                                                            want_q.view(torch.uint8))):
+                logger.warning("FP8 activation quantization kernels disagree with the torch "
+                               "ops: using the torch ops")
+                fp8_quant.ENABLED = False
+                break
+    except Exception as exc:
+        logger.warning("FP8 activation quantization kernels disabled: %r", exc)
+        fp8_quant.ENABLED = False
+    return fp8_quant.ENABLED
+
+
 def check_decode_kernels(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
-    """Checks the quantized GEMVs that ``model``'s linear layers would run."""
+    """Checks the quantized GEMVs, and the FP8 activation quantization, that ``model``'s
+    linear layers would run."""
     methods = [m.linear_method for m in model.modules() if isinstance(m, LinearBase)]
     if any(isinstance(m, WNA16LinearMethod) and m.scheme.bits == 4 for m in methods):
         check_w4a16_gemv(device, dtype)
     if any(isinstance(m, Fp8LinearMethod) for m in methods):
         check_fp8_gemv(device, dtype)
+        check_fp8_quant(device, dtype)
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autoglm_serve.kernels import fused_kernels_on
+from autoglm_serve.models.layers.activation import silu_and_mul
 from autoglm_serve.models.layers.parallel_state import tp_rank, tp_world_size
 
 
@@ -39,6 +40,12 @@ class LinearMethod:
         """silu(gate) * up of a [gate; up] layer in one fused pass, or None where this method has
         no such pass (the caller then applies the layer and SiluAndMul)."""
         return None
+
+    def apply_to_silu_and_mul(self, layer: nn.Module, gate_up: torch.Tensor,
+                              bias: torch.Tensor | None) -> torch.Tensor:
+        """``apply`` to silu(gate) * up of [gate | up] rows: a method that quantizes its input
+        rows computes the product in that pass (down_proj's)."""
+        return self.apply(layer, silu_and_mul(gate_up), bias)
 
 
 def uses_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -207,7 +214,18 @@ class RowParallelLinear(LinearBase):
         default_weight_loader(param, loaded.narrow(1, tp_rank() * size, size))
 
     def forward(self, x):
-        out = self.linear_method.apply(self, x, self.bias if tp_rank() == 0 else None)
+        return self._reduce(self.linear_method.apply(self, x, self._bias()))
+
+    def forward_silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """This layer applied to silu(gate) * up of [gate | up] rows (a gated MLP's down_proj):
+        its method may fuse the activation into its input's quantization."""
+        return self._reduce(self.linear_method.apply_to_silu_and_mul(self, gate_up,
+                                                                     self._bias()))
+
+    def _bias(self):
+        return self.bias if tp_rank() == 0 else None     # added once, to the reduced sum
+
+    def _reduce(self, out: torch.Tensor) -> torch.Tensor:
         if self.tp_size > 1:
             torch.distributed.all_reduce(out)
         return out
