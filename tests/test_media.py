@@ -247,3 +247,21 @@ def test_http_timeout():
 
 def test_media_error_is_a_value_error():
     assert issubclass(MediaError, ValueError)
+
+
+def test_decoders_load_with_the_loader_not_the_first_image():
+    """PIL imports its format plugins at the first Image.open (up to ~77 ms, all of them, where
+    an allowed format is not among the five it loads first): a fresh process has every allowed
+    format's decoder once the server's loader exists, before any request."""
+    import subprocess
+    import sys
+    code = ("import sys\n"
+            "from PIL import Image\n"
+            "from autoglm_serve.multimodal.media import ALLOWED_FORMATS, MediaLoader\n"
+            "missing = lambda: [f for f in ALLOWED_FORMATS if f not in Image.OPEN]\n"
+            "assert missing(), 'PIL loaded its plugins on import: nothing to show'\n"
+            "MediaLoader()\n"
+            "sys.exit(1 if missing() else 0)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
