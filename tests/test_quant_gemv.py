@@ -206,17 +206,6 @@ def test_silu_and_mul_quantization_is_bitwise_the_two_kernels(d):
     assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
 
 
-def test_quantization_start_up_check_switches_a_wrong_kernel_off(monkeypatch):
-    assert kernel_checks.check_fp8_quant(torch.device(DEVICE), torch.bfloat16)
-    monkeypatch.setattr(fp8_quant, "silu_and_mul_quantize",
-                        lambda x: fp8_quant.quantize_rows(x[:, : x.shape[1] // 2]))
-    try:
-        assert not kernel_checks.check_fp8_quant(torch.device(DEVICE), torch.bfloat16)
-        assert not fp8_quant.ENABLED
-    finally:
-        fp8_quant.ENABLED = True
-
-
 @pytest.mark.gpu
 def test_fp8_down_proj_takes_its_input_quantized_by_the_silu_kernel(monkeypatch):
     """An FP8 down_proj given [gate | up]: past the GEMV's rows one kernel makes its e4m3
@@ -259,14 +248,20 @@ def test_start_up_checks_pass(dtype, monkeypatch):
         w4a16_gemv.ENABLED = fp8_gemv.ENABLED = True
 
 
-def test_start_up_check_switches_a_wrong_kernel_off(monkeypatch):
-    monkeypatch.setattr(w4a16_gemv, "w4a16_gemv", lambda x, qw, s, z, g, b=None, c=None:
-                        torch.zeros(x.shape[0], qw.shape[0], dtype=x.dtype, device=x.device))
+@pytest.mark.parametrize("kernel,name,wrong,check", [
+    (w4a16_gemv, "w4a16_gemv", lambda x, qw, s, z, g, b=None, c=None:
+     torch.zeros(x.shape[0], qw.shape[0], dtype=x.dtype, device=x.device),
+     kernel_checks.check_w4a16_gemv),
+    (fp8_quant, "silu_and_mul_quantize",       # the gate half quantized, not the product
+     lambda x: fp8_quant.quantize_rows(x[:, : x.shape[1] // 2]), kernel_checks.check_fp8_quant),
+], ids=["w4a16_gemv", "silu_and_mul_quantize"])
+def test_start_up_check_switches_a_wrong_kernel_off(monkeypatch, kernel, name, wrong, check):
+    monkeypatch.setattr(kernel, name, wrong)
     try:
-        assert not kernel_checks.check_w4a16_gemv(torch.device(DEVICE), torch.bfloat16)
-        assert not w4a16_gemv.ENABLED
+        assert not check(torch.device(DEVICE), torch.bfloat16)
+        assert not kernel.ENABLED
     finally:
-        w4a16_gemv.ENABLED = True
+        kernel.ENABLED = True
 
 
 @pytest.mark.gpu
