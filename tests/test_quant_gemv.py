@@ -190,10 +190,10 @@ def test_activation_quantization_given_the_row_amax_is_bitwise_its_own_pass():
     assert torch.equal(s2[amax > 0], (2 * s_ref)[amax > 0])
 
 
-@pytest.mark.parametrize("d", [1000, 3000])
+@pytest.mark.parametrize("d", [1000, 10000])
 def test_silu_and_mul_quantization_is_bitwise_the_two_kernels(d):
     """down_proj's input quantized as SiLU-and-mul computes it: the codes and scales of the
-    SiLU kernel's product quantized after it. d = 3000: more than one 2,048-column chunk, the
+    SiLU kernel's product quantized after it. d = 10,000: more than one 8,192-column chunk, the
     last one partial."""
     g = gen()
     x = (torch.randn(5, 2 * d, generator=g) * torch.logspace(-2, 2, 5)[:, None]).to(

@@ -95,9 +95,11 @@ def _silu_and_mul_quantize_kernel(x_ptr, q_ptr, s_ptr, D, stride_x, BLOCK: tl.co
         tl.store(q_ptr + row * D + k + offs, q.to(tl.float8e4nv), mask=mask)
 
 
-def silu_and_mul_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def silu_and_mul_quantize(x: torch.Tensor, block: int | None = None,
+                          num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """[M, 2D] rows of [gate | up] (16/32-bit) -> (e4m3 [M, D], float32 scale [M, 1]): bit for
-    bit ``quantize_rows(fused_ops.silu_and_mul(x))``, without the product in memory."""
+    bit ``quantize_rows(fused_ops.silu_and_mul(x))``, without the product in memory. ``block``
+    and ``num_warps``: a benchmark's tile in place of the default."""
     m, d2 = x.shape
     d = d2 // 2
     if x.stride(-1) != 1:
@@ -105,8 +107,12 @@ def silu_and_mul_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty(m, d, dtype=FP8, device=x.device)
     scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
     if m:
-        block = min(2048, triton.next_power_of_2(d))
+        # one program a row: wide tiles keep enough loads in flight where rows are few (H100,
+        # d = 13,696, 256 rows: 14.3 us at 8,192 x 16 warps, 21.2 at 2,048 x 4; the two kernels
+        # 16.0; BENCHMARKS.md)
+        block = block or min(8192, triton.next_power_of_2(d))
+        num_warps = num_warps or max(1, min(16, block // 512))
         _silu_and_mul_quantize_kernel[(m,)](x, q, scale, d, x.stride(0), BLOCK=block,
-                                            num_warps=4 if block >= 1024 else 1,
+                                            num_warps=num_warps,
                                             **pdl.launch_options(x.device))
     return q, scale
