@@ -245,7 +245,7 @@ def test_start_up_checks_pass(dtype, monkeypatch):
         assert kernel_checks.check_fp8_gemv(torch.device(DEVICE), dtype)
         assert kernel_checks.check_fp8_quant(torch.device(DEVICE), dtype)
     finally:
-        w4a16_gemv.ENABLED = fp8_gemv.ENABLED = True
+        w4a16_gemv.ENABLED = fp8_gemv.ENABLED = fp8_quant.ENABLED = True
 
 
 @pytest.mark.parametrize("kernel,name,wrong,check", [

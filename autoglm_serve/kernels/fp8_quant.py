@@ -95,11 +95,9 @@ def _silu_and_mul_quantize_kernel(x_ptr, q_ptr, s_ptr, D, stride_x, BLOCK: tl.co
         tl.store(q_ptr + row * D + k + offs, q.to(tl.float8e4nv), mask=mask)
 
 
-def silu_and_mul_quantize(x: torch.Tensor, block: int | None = None,
-                          num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def silu_and_mul_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[M, 2D] rows of [gate | up] (16/32-bit) -> (e4m3 [M, D], float32 scale [M, 1]): bit for
-    bit ``quantize_rows(fused_ops.silu_and_mul(x))``, without the product in memory. ``block``
-    and ``num_warps``: a benchmark's tile in place of the default."""
+    bit ``quantize_rows(fused_ops.silu_and_mul(x))``, without the product in memory."""
     m, d2 = x.shape
     d = d2 // 2
     if x.stride(-1) != 1:
@@ -110,8 +108,8 @@ def silu_and_mul_quantize(x: torch.Tensor, block: int | None = None,
         # one program a row: wide tiles keep enough loads in flight where rows are few (H100,
         # d = 13,696, 256 rows: 14.3 us at 8,192 x 16 warps, 21.2 at 2,048 x 4; the two kernels
         # 16.0; BENCHMARKS.md)
-        block = block or min(8192, triton.next_power_of_2(d))
-        num_warps = num_warps or max(1, min(16, block // 512))
+        block = min(8192, triton.next_power_of_2(d))
+        num_warps = max(1, min(16, block // 512))
         _silu_and_mul_quantize_kernel[(m,)](x, q, scale, d, x.stride(0), BLOCK=block,
                                             num_warps=num_warps,
                                             **pdl.launch_options(x.device))

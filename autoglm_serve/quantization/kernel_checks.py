@@ -1,8 +1,8 @@
 """Start-up self-check of the quantized decode GEMVs (kernels/w4a16_gemv.py, kernels/fp8_gemv.py)
-against the dequantize-then-matmul references (and of the FP8 activation quantization against
-the torch ops), on every path once and every tuned config at its
-own rows and K. It lives above the kernels (they must not import quantization back) and runs
-only for the kernels the loaded model uses, before CUDA-graph capture (it compiles).
+against the dequantize-then-matmul references, on every path once and every tuned config at its
+own rows and K, and of the FP8 activation quantization (kernels/fp8_quant.py) against the torch
+ops. It lives above the kernels (they must not import quantization back) and runs only for the
+kernels the loaded model uses, before CUDA-graph capture (it compiles).
 """
 from __future__ import annotations
 
