@@ -1,6 +1,6 @@
 """scripts/gpu/fp8_gemm_sweep.py --smoke runs every part of the GPU script on CPU (Triton
-interpreter, tiny shapes, partial tiles), so the H200 run does not fail on a typo, and its
-Triton GEMM agrees with _scaled_mm there."""
+interpreter, tiny shapes, partial tiles), so the H200 run does not fail on a typo, and the
+split-K GEMM agrees with _scaled_mm there."""
 import json
 import os
 import subprocess
@@ -19,6 +19,8 @@ def test_fp8_gemm_sweep_smoke_runs():
     assert {(row["shape"], row["m"]) for row in rows} == {
         (s, m) for s in ("qkv", "down") for m in (40, 70)}
     for row in rows:
-        assert row["configs_wrong"] == [] and row["triton_config"] is not None, row
+        assert row["configs_wrong"] == [] and row["split_k_config"] is not None, row
         assert row["bf16_us"] > 0 and row["scaled_mm_us"] > 0, row
     assert "0 configs disagreed with _scaled_mm" in r.stdout
+    # a TUNED entry per (rows bucket, shape)
+    assert r.stdout.count("(64, 96, 160): ") == 1 and r.stdout.count("(128, 64, 300): ") == 1

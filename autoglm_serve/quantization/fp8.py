@@ -8,8 +8,9 @@ From a compressed-tensors float-quantized checkpoint the e4m3 weight and its sca
 are; with ``quantize_at_load`` (``--quantization fp8`` on a 16-bit checkpoint) the layer loads
 the 16-bit weight and quantizes it once all of it is there. Each step is a fixed sequence of
 kernels on fixed shapes (amax, divide, cast, scaled GEMM; on CUDA one Triton kernel for the
-quantization, kernels/fp8_quant.py, and for a few rows the FP8 decode GEMV, kernels/fp8_gemv.py):
-no host syncs, CUDA-graph safe.
+quantization, kernels/fp8_quant.py; for a few rows the FP8 decode GEMV, kernels/fp8_gemv.py; for
+a decode batch's rows, where it measured faster, the split-K GEMM of kernels/fp8_gemm.py): no
+host syncs, CUDA-graph safe.
 """
 from __future__ import annotations
 
@@ -79,6 +80,9 @@ def scaled_gemm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
                 out_dtype: torch.dtype) -> torch.Tensor:
     """(xq * x_scale) @ (weight * weight_scale)^T + bias: e4m3 [M, K] rows with float32 [M, 1]
     scales against the e4m3 [N, K] weight, in ``out_dtype``."""
+    gemm = _split_k_gemm(xq, weight, out_dtype)
+    if gemm is not None:      # a decode batch's rows: the split-K GEMM, where measured faster
+        return gemm.fp8_gemm(xq, x_scale, weight, weight_scale, bias, out_dtype)
     epilogue_bias = None
     if xq.device.type == "cpu" and not cpu_scaled_mm_takes_row_scales():
         out = ((xq.float() @ weight.float().t()) * x_scale * weight_scale).to(out_dtype)
@@ -142,6 +146,15 @@ def epilogue_bias_works(device: torch.device, dtype: torch.dtype) -> bool:
         logger.warning("_scaled_mm's bias disagrees with the reference (relative error %.3g): "
                        "FP8 GEMMs add their bias after it", err)
     return err < 2e-2
+
+
+def _split_k_gemm(xq, weight, out_dtype):
+    """kernels/fp8_gemm.py where it takes this product (CUDA, fused kernels on, a tuned shape,
+    its start-up check passed), else None (``_scaled_mm``)."""
+    if not fused_kernels_on(xq):
+        return None
+    from autoglm_serve.kernels import fp8_gemm
+    return fp8_gemm if fp8_gemm.supports(xq, weight, out_dtype) else None
 
 
 def _decode_gemv(x, weight, bias, gated):

@@ -1,7 +1,7 @@
 """Start-up self-check of the quantized decode GEMVs (kernels/w4a16_gemv.py, kernels/fp8_gemv.py)
-against the dequantize-then-matmul references, on every path once and every tuned config at its
-own rows and K, and of the FP8 activation quantization (kernels/fp8_quant.py) against the torch
-ops. It lives above the kernels (they must not import quantization back) and runs only for the
+and the split-K FP8 GEMM (kernels/fp8_gemm.py) against the dequantize-then-matmul references, on
+every path once and every tuned config at its own rows and K, and of the FP8 activation
+quantization (kernels/fp8_quant.py) against the torch ops. It lives above the kernels (they must not import quantization back) and runs only for the
 kernels the loaded model uses, before CUDA-graph capture (it compiles).
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autoglm_serve.kernels import fp8_gemv, fp8_quant, fused_ops, w4a16_gemv
+from autoglm_serve.kernels import fp8_gemm, fp8_gemv, fp8_quant, fused_ops, w4a16_gemv
 from autoglm_serve.kernels.gemv import GemvConfig, tuned_check_shapes
 from autoglm_serve.models.layers.linear import LinearBase
 from autoglm_serve.quantization.fp8 import Fp8LinearMethod, quantize_rows
@@ -105,6 +105,24 @@ def fp8_cases(device, dtype):
     return cases
 
 
+def fp8_gemm_cases(device, dtype):
+    """(name, x, (weight, weight_scale), bias, config): partial tiles of M and N, a partial K
+    chunk, bias, split-K; then every tuned config at its own rows bucket and K, N cut to two
+    tiles and a partial one."""
+    gen = torch.Generator().manual_seed(0)
+    cases = []
+    for cfg in (fp8_gemm.GemmConfig(16, 64, 128), fp8_gemm.GemmConfig(32, 64, 128, split_k=3)):
+        x = torch.randn(40, 1000, generator=gen).to(device, dtype)
+        cases.append((f"40 rows, {cfg}", x, random_fp8(100, 1000, device, gen),
+                      torch.randn(100, generator=gen).to(device, dtype), cfg))
+    for (bucket, n, k), cfg in fp8_gemm.TUNED.items():
+        if cfg is not None:
+            x = torch.randn(bucket, k, generator=gen).to(device, dtype)
+            cases.append((f"tuned {bucket}x{n}x{k}", x,
+                          random_fp8(min(n, 2 * cfg.block_n + 3), k, device, gen), None, cfg))
+    return cases
+
+
 def _rel_err(got, want) -> float:
     want = want.float()
     return ((got.float() - want).norm() / want.norm().clamp_min(1e-6)).item()
@@ -158,6 +176,20 @@ def check_fp8_gemv(device: torch.device, dtype: torch.dtype) -> bool:
     return _check(fp8_gemv, runs(), "FP8 GEMV", "the W8A8 reference", "_scaled_mm")
 
 
+def check_fp8_gemm(device: torch.device, dtype: torch.dtype) -> bool:
+    """Sets ``fp8_gemm.ENABLED = False`` (``_scaled_mm`` then runs) on a failure or a
+    disagreement; returns ``ENABLED``."""
+    if dtype not in fp8_gemm.DTYPES:
+        return fp8_gemm.ENABLED
+
+    def runs():
+        for name, x, (w, ws), bias, cfg in fp8_gemm_cases(device, dtype):
+            xq, xs = quantize_rows(x)
+            yield (name, fp8_gemm.fp8_gemm(xq, xs, w, ws, bias, dtype, cfg),
+                   fp8_reference(x, w, ws, bias))
+    return _check(fp8_gemm, runs(), "FP8 split-K GEMM", "the W8A8 reference", "_scaled_mm")
+
+
 def check_fp8_quant(device: torch.device, dtype: torch.dtype) -> bool:
     """The activation quantization before ``_scaled_mm`` (kernels/fp8_quant.py), with and
     without the row amax, and fused with SiLU-and-mul, against the torch ops bit for bit: they
@@ -189,13 +221,14 @@ def check_fp8_quant(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def check_decode_kernels(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
-    """Checks the quantized GEMVs, and the FP8 activation quantization, that ``model``'s
+    """Checks the quantized GEMVs, the FP8 GEMM and activation quantization, that ``model``'s
     linear layers would run."""
     methods = [m.linear_method for m in model.modules() if isinstance(m, LinearBase)]
     if any(isinstance(m, WNA16LinearMethod) and m.scheme.bits == 4 for m in methods):
         check_w4a16_gemv(device, dtype)
     if any(isinstance(m, Fp8LinearMethod) for m in methods):
         check_fp8_gemv(device, dtype)
+        check_fp8_gemm(device, dtype)
         check_fp8_quant(device, dtype)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
