@@ -70,6 +70,17 @@ def step_summary(records) -> dict:
                 decode_steps=part([(r, n) for r, n in records if not n]))
 
 
+def allocator_syncs() -> dict:
+    """The caching allocator's cudaFree calls and retries so far: each synchronizes the
+    device, so a launch into a full cache also waits there (none off a GPU)."""
+    import torch
+    if not torch.cuda.is_available():
+        return {}
+    stats = torch.cuda.memory_stats()
+    return {"device_frees": stats.get("num_device_free", 0),
+            "alloc_retries": stats.get("num_alloc_retries", 0)}
+
+
 def profiled_run(llm, prompts, params) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -118,9 +129,11 @@ def worker(args) -> None:
     for budget in budgets:
         set_budget(llm.engine.core, budget)
         recorded_run(llm, prompts, params)            # warm: compiles, plans, allocator
+        before = allocator_syncs()
         seconds, n, records = recorded_run(llm, prompts, params)
         emit("run", mode=args.worker, budget=budget, seconds=round(seconds, 3),
-             out_tok_s=round(n / seconds, 1), **step_summary(records))
+             out_tok_s=round(n / seconds, 1), **step_summary(records),
+             **{k: v - before[k] for k, v in allocator_syncs().items()})
         if args.profile_requests:
             emit("profile", mode=args.worker, budget=budget,
                  **profiled_run(llm, prompts[:args.profile_requests], params))
