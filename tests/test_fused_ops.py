@@ -163,3 +163,11 @@ def test_one_switch_picks_fused_or_pytorch():
     assert fused_ops_for(on_cpu) is None and not fused_kernels_on(on_cpu)
     fused_ops.ENABLED = False          # the self-check failed: PyTorch everywhere
     assert fused_ops_for(on_cuda) is None and not fused_kernels_on(on_cuda)
+
+
+def test_launch_sizes_round_up_to_powers_of_two_as_triton_does():
+    import triton
+
+    from autoglm_serve.kernels import next_power_of_2
+    assert [next_power_of_2(n) for n in range(1, 20000)] == [
+        triton.next_power_of_2(n) for n in range(1, 20000)]

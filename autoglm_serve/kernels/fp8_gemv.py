@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from autoglm_serve.kernels import pdl
+from autoglm_serve.kernels import next_power_of_2, pdl
 from autoglm_serve.kernels.gemv import (GemvConfig, as_rows, default_split_k, finish_split_k,
                                         launch_buffers, load_k_tile, reduce_accumulators,
                                         row_tiles, rows_bucket, split_k_range,
@@ -181,7 +181,7 @@ def _launch(x, weight, weight_scale, bias, n, gated, config, row_amax):
         x2, weight, weight_scale, bias if bias is not None else weight_scale, y, partials,
         counts, row_amax if row_amax is not None else weight_scale, m, n, k,
         HAS_AMAX=row_amax is not None, HAS_BIAS=bias is not None, GATED=gated, USE_DOT=cfg.dot,
-        BLOCK_M=max(DOT_MIN_ROWS, triton.next_power_of_2(m)) if cfg.dot else 1,
+        BLOCK_M=max(DOT_MIN_ROWS, next_power_of_2(m)) if cfg.dot else 1,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
         EVEN_K=k % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
         AMAX_BLOCK=amax_block(k, cfg), num_warps=cfg.num_warps,
@@ -197,7 +197,7 @@ def amax_block(k: int, cfg: GemvConfig) -> int:
     (scripts/gpu/quant_gemv_depth.py, BENCHMARKS.md)."""
     if cfg.dot or cfg.block_k < 1024:
         return cfg.block_k
-    return max(cfg.block_k, min(triton.next_power_of_2(k), 8192))
+    return max(cfg.block_k, min(next_power_of_2(k), 8192))
 
 
 def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,

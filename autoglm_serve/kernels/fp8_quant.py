@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from autoglm_serve.kernels import pdl
+from autoglm_serve.kernels import next_power_of_2, pdl
 from autoglm_serve.kernels.fused_ops import silu_mul
 from autoglm_serve.kernels.pdl import wait_for_previous_grid
 
@@ -64,7 +64,7 @@ def quantize_rows(x: torch.Tensor, row_amax: torch.Tensor | None = None
     scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
     if m:
         assert row_amax is None or (row_amax.dtype == torch.float32 and row_amax.numel() == m)
-        block_k = min(2048, triton.next_power_of_2(k))
+        block_k = min(2048, next_power_of_2(k))
         _quantize_rows_kernel[(m,)](x, x if row_amax is None else row_amax, q, scale, k,
                                     x.stride(0), BLOCK_K=block_k, HAS_AMAX=row_amax is not None,
                                     num_warps=4 if block_k >= 1024 else 1,
@@ -108,7 +108,7 @@ def silu_and_mul_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # one program a row: wide tiles keep enough loads in flight where rows are few (H100,
         # d = 13,696, 256 rows: 14.3 us at 8,192 x 16 warps, 21.2 at 2,048 x 4; the two kernels
         # 16.0; BENCHMARKS.md)
-        block = min(8192, triton.next_power_of_2(d))
+        block = min(8192, next_power_of_2(d))
         num_warps = max(1, min(16, block // 512))
         _silu_and_mul_quantize_kernel[(m,)](x, q, scale, d, x.stride(0), BLOCK=block,
                                             num_warps=num_warps,

@@ -18,15 +18,11 @@ import torch
 import triton
 import triton.language as tl
 
-from autoglm_serve.kernels import pdl
+from autoglm_serve.kernels import next_power_of_2, pdl
 from autoglm_serve.kernels.kv_write import rotate_pairs
 from autoglm_serve.kernels.pdl import wait_for_previous_grid
 
 ENABLED = True
-
-
-def _pow2(n: int) -> int:
-    return triton.next_power_of_2(n)
 
 
 @triton.jit
@@ -81,7 +77,7 @@ def _launch_rms_norm(x, weight, eps, residual, first_weight, first_eps, row_amax
                               amax if row_amax else out, n_cols, eps, first_eps,
                               HAS_RESIDUAL=residual is not None,
                               NORM_X_FIRST=first_weight is not None, WRITE_AMAX=row_amax,
-                              BLOCK=_pow2(n_cols), num_warps=8 if n_cols >= 2048 else 4,
+                              BLOCK=next_power_of_2(n_cols), num_warps=8 if n_cols >= 2048 else 4,
                               **pdl.launch_options(x.device))
     return out, new_res, amax
 
@@ -126,7 +122,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     d = x.shape[-1] // 2
     rows = x.numel() // (2 * d)
     out = torch.empty(*x.shape[:-1], d, dtype=x.dtype, device=x.device)
-    block = min(1024, _pow2(d))
+    block = min(1024, next_power_of_2(d))
     _silu_mul_kernel[(rows, triton.cdiv(d, block))](x, out, d, BLOCK=block,
                                                     **pdl.launch_options(x.device))
     return out
@@ -163,6 +159,6 @@ def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int
     half = cos.shape[-1]
     num_heads = x.shape[-1] // head_dim
     _rotary_kernel[(t,)](x, cos.contiguous(), sin.contiguous(), x.stride(0), num_heads, head_dim,
-                         HALF=half, BLOCK_H=_pow2(num_heads), INTERLEAVED=interleaved)
+                         HALF=half, BLOCK_H=next_power_of_2(num_heads), INTERLEAVED=interleaved)
     return x
 

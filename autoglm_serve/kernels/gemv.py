@@ -43,7 +43,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from autoglm_serve.kernels import pdl
+from autoglm_serve.kernels import next_power_of_2, pdl
 from autoglm_serve.kernels.pdl import wait_for_previous_grid
 
 logger = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ TUNED: dict[tuple[str, int, int, int], GemvConfig | None] = {
 
 
 def rows_bucket(m: int) -> int:
-    return triton.next_power_of_2(m)
+    return next_power_of_2(m)
 
 
 def default_config(m: int, n: int, k: int, dtype: torch.dtype) -> GemvConfig:
@@ -356,7 +356,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, n:
     _gemv_kernel[(tiles, cfg.split_k)](
         x2, weight, bias if bias is not None else weight, y, partials, counts, m, n, k,
         HAS_BIAS=bias is not None, GATED=gated, USE_DOT=cfg.dot,
-        BLOCK_M=max(DOT_MIN_ROWS, triton.next_power_of_2(m)) if cfg.dot else 1,
+        BLOCK_M=max(DOT_MIN_ROWS, next_power_of_2(m)) if cfg.dot else 1,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
         EVEN_K=k % cfg.block_k == 0, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
         **pdl.launch_options(x.device))

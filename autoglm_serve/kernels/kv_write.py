@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from autoglm_serve.kernels import pdl
+from autoglm_serve.kernels import next_power_of_2, pdl
 from autoglm_serve.kernels.pdl import wait_for_previous_grid
 
 
@@ -161,11 +161,11 @@ def _launch(q, k, v, kv_cache, slot_mapping, cos, sin, interleaved: bool) -> Non
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_SIZE=kv_cache.shape[3], ROTARY_HALF=half, INTERLEAVED=interleaved,
-        BLOCK_H=triton.next_power_of_2(max(1, num_heads)),
-        BLOCK_HKV=triton.next_power_of_2(num_kv_heads),
-        BLOCK_HALF=triton.next_power_of_2(max(1, half)),
-        BLOCK_TAIL=triton.next_power_of_2(max(1, tail)),
-        BLOCK_D=triton.next_power_of_2(head_dim), num_warps=4 if half else 1,
+        BLOCK_H=next_power_of_2(max(1, num_heads)),
+        BLOCK_HKV=next_power_of_2(num_kv_heads),
+        BLOCK_HALF=next_power_of_2(max(1, half)),
+        BLOCK_TAIL=next_power_of_2(max(1, tail)),
+        BLOCK_D=next_power_of_2(head_dim), num_warps=4 if half else 1,
         **pdl.launch_options(k.device))
 
 

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from autoglm_serve.kernels import pdl
+from autoglm_serve.kernels import next_power_of_2, pdl
 from autoglm_serve.kernels.kv_write import load_rotated
 from autoglm_serve.kernels.pdl import wait_for_previous_grid
 
@@ -82,10 +82,6 @@ class PrefillTiles(NamedTuple):
 # 1.40x faster in total than the same tile in 8 warps over the phone agents' chunks, e.g. 2k
 # tokens after 4k cached 385 against 548 us; 3 or 4 stages within 0.3% of each other).
 PREFILL_TILES = PrefillTiles(128, 64, 4)
-
-
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, (x - 1).bit_length())
 
 
 def _num_stages(kv_tile_bytes: int, resident_bytes: int = 0) -> int:
@@ -176,7 +172,7 @@ def decode_split(num_seqs: int, num_kv_heads: int, num_sms: int,
     follow the batch: SMALL_BATCH_DECODE_TILES up to SMALL_BATCH_PAIRS pairs."""
     pairs = max(1, num_seqs * num_kv_heads)
     want = math.ceil(4 * num_sms / pairs)
-    partitions = max(1, min(_next_pow2(want), max_partitions))
+    partitions = max(1, min(next_power_of_2(want), max_partitions))
     tiles = SMALL_BATCH_DECODE_TILES if pairs <= SMALL_BATCH_PAIRS else DECODE_TILES
     min_chunk = tiles.tile_n if pairs < num_sms else DECODE_MIN_CHUNK
     return DecodeSplit(partitions, min_chunk, num_sms, tiles)
@@ -395,7 +391,7 @@ def decode_attention(out: torch.Tensor, q: torch.Tensor, kv_cache: torch.Tensor,
         return
     num_partitions = split.partitions
     tiles = tiles or split.tiles
-    assert num_partitions == _next_pow2(num_partitions)
+    assert num_partitions == next_power_of_2(num_partitions)
     assert counters.dtype == torch.int32 and counters.numel() >= num_seqs * num_kv_heads
     rotary_half = 0
     if new_kv is not None:
@@ -447,9 +443,9 @@ def decode_shape(num_heads: int, num_kv_heads: int, head_dim: int, block_size: i
     many rotary pairs a head, see NewTokenKV)."""
     tiles = tiles or split.tiles
     group = num_heads // num_kv_heads
-    block_d = _next_pow2(head_dim)
+    block_d = next_power_of_2(head_dim)
     constexprs = dict(
-        GROUP=group, BLOCK_G=max(16, _next_pow2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
+        GROUP=group, BLOCK_G=max(16, next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=block_size, TILE_N=tiles.tile_n, NUM_PARTS=split.partitions,
         MIN_CHUNK=split.min_chunk,
         # a partial row (fp32, per query head) against a token's K and V (per KV head)
@@ -558,8 +554,8 @@ def prefill_shape(num_heads: int, num_kv_heads: int, head_dim: int, block_size: 
                   tiles: PrefillTiles = PREFILL_TILES) -> KernelShape:
     """The prefill kernel's constexprs, warps and stages for these heads and cache."""
     group = num_heads // num_kv_heads
-    block_g = _next_pow2(group)
-    block_d = _next_pow2(head_dim)
+    block_g = next_power_of_2(group)
+    block_d = next_power_of_2(head_dim)
     # Above head_dim 128 the fp32 accumulator of 128 rows would spill: halve the rows.
     block_m = tiles.block_m if block_d <= 128 else tiles.block_m // 2
     block_q = max(1, block_m // block_g)

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from autoglm_serve.kernels import next_power_of_2
+
 
 @triton.jit
 def _vision_rotary_kernel(qkv_ptr, cos_ptr, sin_ptr, stride_t, stride_part, num_heads,
@@ -43,5 +45,5 @@ def rotate_qk_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
         return qkv
     _vision_rotary_kernel[(n, 2)](qkv, cos.float().contiguous(), sin.float().contiguous(),
                                   qkv.stride(0), qkv.stride(1), num_heads, HALF=half,
-                                  BLOCK_H=triton.next_power_of_2(num_heads))
+                                  BLOCK_H=next_power_of_2(num_heads))
     return qkv

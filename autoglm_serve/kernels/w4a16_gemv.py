@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from autoglm_serve.kernels import pdl
+from autoglm_serve.kernels import next_power_of_2, pdl
 from autoglm_serve.kernels.gemv import (GemvConfig, as_rows, default_split_k, finish_split_k,
                                         launch_buffers, rows_bucket, split_k_range)
 from autoglm_serve.kernels.pdl import wait_for_previous_grid
@@ -401,8 +401,8 @@ def _launch(x, qweight, scales, zeros, group, bias, n, gated, config):
     assert cfg.block_k % 8 == 0 and cfg.block_k >= 16
     assert not cfg.dot or (cfg.block_k >= 128 and cfg.block_n >= 16), "tl.dot tiles are >= 16"
     y, tiles, partials, counts = launch_buffers(x, m, n, cfg, gated)
-    block_m = max(DOT_MIN_ROWS, triton.next_power_of_2(m)) if cfg.dot \
-        else triton.next_power_of_2(m)
+    block_m = max(DOT_MIN_ROWS, next_power_of_2(m)) if cfg.dot \
+        else next_power_of_2(m)
     # CUDA cores read 16-bit activations as int32 pairs (X_PAIRS 1: bf16, 2: fp16)
     pairs = 0 if cfg.dot or x.dtype == torch.float32 else (1 if x.dtype == torch.bfloat16 else 2)
     if pairs and x2.storage_offset() % 2:    # a view at an odd element: no int32 view of it
