@@ -24,3 +24,25 @@ def test_fp8_gemm_sweep_smoke_runs():
     assert "0 configs disagreed with _scaled_mm" in r.stdout
     # a TUNED entry per (rows bucket, shape)
     assert r.stdout.count("(64, 96, 160): ") == 1 and r.stdout.count("(128, 64, 300): ") == 1
+
+
+def test_tuned_table_shares_configs_within_three_percent():
+    """Each shape gets a config near its best from as few distinct configs as cover them all,
+    and None where the best does not beat _scaled_mm by 3%."""
+    sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+    from fp8_gemm_sweep import tuned_table
+
+    def row(m, n, tried, scaled_mm):
+        best = min(tried.values())
+        return {"shape": f"s{n}", "m": m, "n": n, "k": 64, "scaled_mm_us": scaled_mm,
+                "split_k_best_us": best, "tried": tried}
+    a, b, c = "(16, 64, 128, 4, 4, 4)", "(32, 64, 256, 2, 4, 3)", "(64, 64, 256, 1, 4, 3)"
+    rows = [row(16, 96, {a: 10.0, b: 10.2, c: 12.0}, 15.0),     # a best, b near
+            row(32, 96, {a: 11.0, b: 10.0}, 15.0),              # b only
+            row(64, 96, {c: 9.0, b: 9.2}, 13.0),                # c best, b near
+            row(128, 96, {c: 13.2}, 13.5)]                      # not 3% faster
+    lines = tuned_table(rows)
+    assert lines[0].startswith("    (16, 96, 64): GemmConfig(32, 64, 256, 2, 4, 3),")
+    assert lines[1].startswith("    (32, 96, 64): GemmConfig(32, 64, 256, 2, 4, 3),")
+    assert lines[2].startswith("    (64, 96, 64): GemmConfig(32, 64, 256, 2, 4, 3),")
+    assert lines[3].startswith("    (128, 96, 64): None,")
