@@ -17,13 +17,17 @@ def test_fp8_gemm_sweep_smoke_runs():
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     assert {(row["shape"], row["m"]) for row in rows} == {
-        (s, m) for s in ("qkv", "down") for m in (40, 70)}
+        (s, m) for s in ("qkv", "gate_up", "down") for m in (3, 40, 70)}
     for row in rows:
         assert row["configs_wrong"] == [] and row["split_k_config"] is not None, row
         assert row["bf16_us"] > 0 and row["scaled_mm_us"] > 0, row
+        # the FP8 GEMV's rows: its time and the quantization the GEMM would add
+        assert (row["m"] == 3) == ("fp8_gemv_us" in row) == ("quantize_us" in row), row
+        assert ("silu_quantize_us" in row) == (row["m"] == 3 and row["shape"] == "gate_up")
     assert "0 configs disagreed with _scaled_mm" in r.stdout
-    # a TUNED entry per (rows bucket, shape)
+    # a TUNED entry per (rows bucket, shape) past the GEMV's rows
     assert r.stdout.count("(64, 96, 160): ") == 1 and r.stdout.count("(128, 64, 300): ") == 1
+    assert "(4, 96, 160): " not in r.stdout
 
 
 def test_tuned_table_shares_configs_within_three_percent():

@@ -7,10 +7,11 @@ tiles, AutoGLM's shapes; prints the kernel's TUNED table.
 Offline decode steps carry 256 rows, served ones 16-64; past the FP8 GEMV's 8 rows every
 linear layer went to ``torch._scaled_mm``, whose FP8 qkv and o_proj take ~13.5 us at any M up
 to 256 on the H200 (their bytes need ~3.8). For each M (in the order given: the budget cuts the
-last) and shape this times bf16 ``F.linear``, ``_scaled_mm`` (row-wise scales, as the engine
-calls it) and the same with ``use_fast_accum``, then the engine's split-K GEMM over tile
-configs (each first checked against ``_scaled_mm``). CUDA-graph replays over weight copies past
-L2, as scripts/gpu/gemv_sweep.py. A JSON line per (M, shape); at the end the TUNED entries
+last) and shape this times bf16 ``F.linear`` and ``_scaled_mm`` (row-wise scales, as the
+engine calls it); at the FP8 GEMV's row counts the GEMV and the kernels the GEMM would need
+around it (``gemv_path``); then the engine's split-K GEMM over tile configs (each first checked
+against ``_scaled_mm``). CUDA-graph replays over weight copies past L2, as
+scripts/gpu/gemv_sweep.py. A JSON line per (M, shape); at the end the TUNED entries
 (``tuned_table``).
 """
 from __future__ import annotations
@@ -32,13 +33,14 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 from gemv_sweep import copies_past_l2, splits_for, time_calls  # noqa: E402
 
-from autoglm_serve.kernels.fp8_gemm import GemmConfig, fp8_gemm  # noqa: E402
+from autoglm_serve.kernels import fp8_gemv, fp8_quant  # noqa: E402
+from autoglm_serve.kernels.fp8_gemm import MIN_ROWS, GemmConfig, fp8_gemm  # noqa: E402
 from autoglm_serve.kernels.gemv import rows_bucket  # noqa: E402
 from autoglm_serve.quantization.fp8 import quantize_rows, scaled_gemm  # noqa: E402
 
 SHAPES = {"qkv": (4608, 4096), "o_proj": (4096, 4096), "gate_up": (27392, 4096),
           "down": (4096, 13696)}
-SMOKE_SHAPES = {"qkv": (96, 160), "down": (64, 300)}
+SMOKE_SHAPES = {"qkv": (96, 160), "gate_up": (128, 160), "down": (64, 300)}
 SMOKE_CONFIGS = [GemmConfig(16, 32, 64), GemmConfig(32, 32, 64, split_k=2)]
 
 
@@ -69,6 +71,25 @@ def weights(n, k, smoke, gen):
     return w16, [(q, s.view(-1)) for q, s in map(quantize_rows, w16)]
 
 
+def gemv_path(name, n, k, m, x, w8, smoke, gen) -> dict:
+    """Where the FP8 GEMV runs (a few rows): its time (activations quantized inside; gate_up:
+    the gated GEMV, SiLU-and-mul included), and the kernels the split-K GEMM would need around
+    it instead: the activations' quantization, and for gate_up SiLU-and-mul's fused
+    quantization of its [M, 2I] output."""
+    us = {}
+    if name == "gate_up":
+        us["fp8_gemv_us"] = time_calls(
+            [lambda q=q, s=s: fp8_gemv.fp8_gated_gemv(x, q, s) for q, s in w8], 5e-6, smoke)
+        gate_up = torch.randn(m, n, generator=gen, device=gen.device).to(torch.bfloat16)
+        us["silu_quantize_us"] = time_calls(
+            [lambda: fp8_quant.silu_and_mul_quantize(gate_up)], 3e-6, smoke)
+    else:
+        us["fp8_gemv_us"] = time_calls(
+            [lambda q=q, s=s: fp8_gemv.fp8_gemv(x, q, s) for q, s in w8], 5e-6, smoke)
+    us["quantize_us"] = time_calls([lambda: fp8_quant.quantize_rows(x)], 3e-6, smoke)
+    return {key: round(1e6 * t, 1) for key, t in us.items()}
+
+
 def sweep(name, n, k, m, w16, w8, deadline, smoke, gen) -> dict:
     x = torch.randn(m, k, generator=gen, device=gen.device).to(torch.bfloat16)
     xq, xs = quantize_rows(x)
@@ -80,6 +101,8 @@ def sweep(name, n, k, m, w16, w8, deadline, smoke, gen) -> dict:
     row["scaled_mm_us"] = 1e6 * time_calls(
         [lambda q=q, s=s: scaled_gemm(xq, xs, q, s, None, torch.bfloat16) for q, s in w8],
         flop / 1000e12, smoke)
+    if m <= fp8_gemv.MAX_ROWS:
+        row.update(gemv_path(name, n, k, m, x, w8, smoke, gen))
     best, wrong, tried = None, [], {}
     for config in SMOKE_CONFIGS if smoke else configs_for(m, n, k):
         if time.monotonic() > deadline:
@@ -106,9 +129,10 @@ def sweep(name, n, k, m, w16, w8, deadline, smoke, gen) -> dict:
 
 
 def tuned_table(rows: list[dict], near: float = 0.03) -> list[str]:
-    """kernels/fp8_gemm.py's TUNED lines: for each (M, shape) whose best config beats
+    """kernels/fp8_gemm.py's TUNED lines: for each (M >= MIN_ROWS, shape) whose best config beats
     ``_scaled_mm`` by 3% or more, a config within ``near`` of that best, from as few distinct
     configs as a greedy cover finds (each is compiled at start-up); else None."""
+    rows = [r for r in rows if r["m"] >= MIN_ROWS]     # fewer: the FP8 GEMV's rows
     near_best = {}
     for r in rows:
         best = r["split_k_best_us"]
@@ -146,7 +170,7 @@ def main() -> None:
         fix_interpreter(MonkeyPatch())
         torch.set_num_threads(1)
     shapes = SMOKE_SHAPES if args.smoke else SHAPES
-    ms = [40, 70] if args.smoke else [int(m) for m in args.ms.split(",")]
+    ms = [3, 40, 70] if args.smoke else [int(m) for m in args.ms.split(",")]
     gen = torch.Generator(device="cpu" if args.smoke else "cuda").manual_seed(0)
     prepared = {name: weights(n, k, args.smoke, gen) for name, (n, k) in shapes.items()}
     deadline = time.monotonic() + args.budget_s
