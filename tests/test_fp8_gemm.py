@@ -58,7 +58,10 @@ def test_untuned_shapes_stay_on_scaled_mm(monkeypatch):
     assert fp8_gemm.select_config(20, 4608, 4096) == GemmConfig(32, 128, 128, 4)
     assert fp8_gemm.select_config(20, 4096, 4096) is None       # another shape
     assert fp8_gemm.select_config(40, 4608, 4096) is None       # another rows bucket
-    assert fp8_gemm.select_config(8, 4608, 4096) is None        # the FP8 GEMV's rows
+    assert fp8_gemm.select_config(1, 4608, 4096) is None        # the FP8 GEMV's one row
+    # fewer rows than the smallest tile run the 16-row tiles
+    monkeypatch.setattr(fp8_gemm, "TUNED", {(16, 4608, 4096): GemmConfig(16, 64, 128, 4)})
+    assert fp8_gemm.select_config(2, 4608, 4096) == GemmConfig(16, 64, 128, 4)
 
 
 def test_start_up_check_covers_the_tuned_configs(monkeypatch):

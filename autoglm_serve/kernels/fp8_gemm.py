@@ -1,11 +1,14 @@
-"""Split-K FP8 W8A8 GEMM for the row counts of decode batches past the FP8 GEMV (9..512 rows):
-e4m3 activations with one fp32 scale per row (quantized before, kernels/fp8_quant.py) times an
-e4m3 [N, K] weight with one fp32 scale per output channel, + bias, in the activation's dtype.
+"""Split-K FP8 W8A8 GEMM for decode batches of 2..512 rows: e4m3 activations with one fp32
+scale per row (quantized before, kernels/fp8_quant.py) times an e4m3 [N, K] weight with one fp32
+scale per output channel, + bias, in the activation's dtype.
 
 There ``torch._scaled_mm`` is bound by the serial K loop of too few programs, not by bytes or
 FLOPs: on the H200 cuBLAS's 128 x 128 tiles give qkv and o_proj ~13.5 us at every M up to 256,
 where their 17-19 MB of weights need ~3.8 us, and down ~35 us up to 128 rows (~12 us of bytes)
-(BENCHMARKS.md, twenty-first session). Here the K chunks of a tile are split over SPLIT_K
+(BENCHMARKS.md, twenty-first session). From 2 to 8 rows the FP8 GEMV (kernels/fp8_gemv.py),
+which quantizes its activations inside the K loop of every program, was slower than the
+quantization kernel and this GEMM together (kernels/fp8_gemv.py's TUNED says where). Here the K
+chunks of a tile are split over SPLIT_K
 programs, as in the GEMVs (kernels/gemv.py): each writes its fp32 partial, and the last of a
 tile's programs to finish sums them in split order (deterministic) and writes the output. One
 launch, fixed workspaces per shape: CUDA-graph safe.
@@ -31,13 +34,14 @@ import torch
 import triton
 import triton.language as tl
 
-from autoglm_serve.kernels import pdl
-from autoglm_serve.kernels.gemv import finish_split_k, rows_bucket, split_k_range
+from autoglm_serve.kernels import next_power_of_2, pdl
+from autoglm_serve.kernels.gemv import finish_split_k, split_k_range
 from autoglm_serve.kernels.pdl import wait_for_previous_grid
 
 ENABLED = True
-MIN_ROWS = 9          # fewer: the FP8 GEMV (kernels/fp8_gemv.py), which quantizes x itself
+MIN_ROWS = 2          # one row: the FP8 GEMV's CUDA-core path (kernels/fp8_gemv.py)
 MAX_ROWS = 512        # more: _scaled_mm's large tiles have programs enough
+MIN_TILE_ROWS = 16    # the narrow side of an e4m3 MMA
 DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -53,7 +57,9 @@ class GemmConfig(NamedTuple):
 # (rows bucket, N, K) -> config, or None: _scaled_mm was not 3% slower. AutoGLM-Phone-9B's
 # shapes, from an H100 (scripts/gpu/fp8_gemm_sweep.py, 2026-12-05; no H200 was lent that hour):
 # five configs, each within 3% of its shape's best (each distinct one compiles at start-up);
-# each comment: this config's time, then _scaled_mm's. Up to 128 rows the split over K wins;
+# each comment: this config's time, then _scaled_mm's (16 rows: also 2-8, whose times were
+# within 3% of these, H100; the FP8 GEMV's and the quantization's beside them in
+# kernels/fp8_gemv.py's TUNED). Up to 128 rows the split over K wins;
 # from 256 rows the GEMMs are near the tensor cores' peak and cuBLAS's larger tiles do better.
 TUNED: dict[tuple[int, int, int], GemmConfig | None] = {
     (16, 4608, 4096): GemmConfig(16, 64, 128, 4, 4, 4),  # qkv: 10.0 us, _scaled_mm 15.0
@@ -81,6 +87,12 @@ TUNED: dict[tuple[int, int, int], GemmConfig | None] = {
     (512, 27392, 4096): None,  # gate_up: 135.0 us, _scaled_mm 99.9
     (512, 4096, 13696): None,  # down: 54.0 us, _scaled_mm 42.9
 }
+
+
+def rows_bucket(m: int) -> int:
+    """TUNED's rows key: the next power of two, at least the smallest activation tile (fewer
+    rows run the same tiles, padded)."""
+    return max(MIN_TILE_ROWS, next_power_of_2(m))
 
 
 def select_config(m: int, n: int, k: int) -> GemmConfig | None:

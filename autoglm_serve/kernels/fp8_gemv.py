@@ -1,6 +1,7 @@
 """Decode GEMV for FP8 W8A8: e4m3 weights with one fp32 scale per output channel, activations
-quantized per token inside the kernel, for 1..MAX_ROWS rows (more rows: quantization/fp8.py's
-``torch._scaled_mm``, whose numerics this kernel keeps).
+quantized per token inside the kernel, for 1..MAX_ROWS rows where TUNED keeps it (elsewhere
+quantization/fp8.py quantizes the activations in a kernel of their own and multiplies them with
+kernels/fp8_gemm.py's split-K GEMM or ``torch._scaled_mm``, whose numerics this kernel keeps).
 
 At M = 1 the ``_scaled_mm`` path is 4 torch ops for the activation's scale and cast plus a GEMM
 tuned for large M: slower than the bf16 GEMV despite half the bytes. Here, as kernels/gemv.py
@@ -24,7 +25,8 @@ workspaces):
   partials may be scaled each), then bias or SiLU gating as in the bf16 GEMV.
 
 ``TUNED`` is keyed (kind, rows bucket, N, K), filled by scripts/gpu/quant_gemv_bench.py; None
-there means ``_scaled_mm`` was faster. quantization/kernel_checks.py compares the kernel against
+there means the quantization kernel and a GEMM were faster (kernels/fp8_gemm.py's split-K GEMM,
+or ``_scaled_mm``). quantization/kernel_checks.py compares the kernel against
 the W8A8 reference at start-up and sets ``ENABLED = False`` on a problem.
 """
 from __future__ import annotations
@@ -47,25 +49,30 @@ DTYPES = (torch.bfloat16, torch.float16)
 FP8_MAX = tl.constexpr(448.0)       # constexpr: a global the kernels read
 MIN_SCALE = tl.constexpr(1e-12)     # as quantization/fp8.py
 
-# (kind, rows bucket, N, K) -> config (or None: _scaled_mm), from the H200.
-# (scripts/gpu/quant_gemv_bench.py, 2026-12-01; comments: this config, the fallback)
+# (kind, rows bucket, N, K) -> config, or None: the activations' quantization kernel, then
+# kernels/fp8_gemm.py's split-K GEMM where it has the shape, else _scaled_mm. One row: from the
+# H200 (scripts/gpu/quant_gemv_bench.py, 2026-12-01; comments: this config, _scaled_mm). 2-8
+# rows: the quantization and the split-K GEMM won on an H100 (scripts/gpu/fp8_gemm_sweep.py
+# --ms 8,2,1,4, 2026-12-05; us, with gate_up's SiLU-and-mul quantization, which also quantizes
+# down's input); one row there: GEMV qkv 11.7, o_proj 8.7, gate_up + down 72.2 against 12.6,
+# 10.9 and 72.9, so the GEMV stays.
 TUNED: dict[tuple[str, int, int, int], GemvConfig | None] = {
     ('gated', 1, 13696, 4096): GemvConfig(8, 512, 1, 4, 3, False),  # 40.6 us, _scaled_mm 51.8
-    ('gated', 2, 13696, 4096): GemvConfig(128, 128, 2, 4, 3, True),  # 45.1 us, _scaled_mm 48.8
-    ('gated', 4, 13696, 4096): GemvConfig(64, 128, 1, 8, 4, True),  # 41.2 us, _scaled_mm 49.0
-    ('gated', 8, 13696, 4096): GemvConfig(64, 128, 1, 8, 4, True),  # 41.6 us, _scaled_mm 52.4
+    ('gated', 2, 13696, 4096): None,  # GEMV 57.1; quantize 2.2 + GEMM 40.2 + SiLU quantize 7.6
+    ('gated', 4, 13696, 4096): None,  # GEMV 48.1; quantize 2.2 + GEMM 40.3 + SiLU quantize 7.6
+    ('gated', 8, 13696, 4096): None,  # GEMV 48.7; quantize 2.3 + GEMM 40.2 + SiLU quantize 7.6
     ('linear', 1, 4096, 13696): GemvConfig(8, 1024, 1, 4, 3, False),  # 21.9 us, _scaled_mm 51.4
-    ('linear', 2, 4096, 13696): GemvConfig(64, 256, 4, 4, 3, True),  # 36.6 us, _scaled_mm 50.1
-    ('linear', 4, 4096, 13696): GemvConfig(64, 256, 4, 8, 4, True),  # 36.3 us, _scaled_mm 51.2
-    ('linear', 8, 4096, 13696): GemvConfig(64, 256, 4, 8, 4, True),  # 36.6 us, _scaled_mm 47.9
+    ('linear', 2, 4096, 13696): None,  # GEMV 41.9; quantize 7.6 + GEMM 22.8
+    ('linear', 4, 4096, 13696): None,  # GEMV 42.4; quantize 7.6 + GEMM 22.9
+    ('linear', 8, 4096, 13696): None,  # GEMV 43.1; quantize 7.7 + GEMM 23.1
     ('linear', 1, 4608, 4096): GemvConfig(8, 512, 1, 4, 3, False),  # 10.3 us, _scaled_mm 19.6
-    ('linear', 2, 4608, 4096): GemvConfig(64, 256, 4, 4, 3, True),  # 13.8 us, _scaled_mm 20.6
-    ('linear', 4, 4608, 4096): GemvConfig(64, 256, 4, 4, 3, True),  # 14.4 us, _scaled_mm 21.0
-    ('linear', 8, 4608, 4096): GemvConfig(64, 256, 4, 4, 3, True),  # 14.6 us, _scaled_mm 20.2
+    ('linear', 2, 4608, 4096): None,  # GEMV 15.1; quantize 2.2 + GEMM 9.8
+    ('linear', 4, 4608, 4096): None,  # GEMV 15.9; quantize 2.2 + GEMM 9.5
+    ('linear', 8, 4608, 4096): None,  # GEMV 16.3; quantize 2.3 + GEMM 9.6
     ('linear', 1, 4096, 4096): GemvConfig(8, 1024, 1, 4, 3, False),  # 8.2 us, _scaled_mm 16.9
-    ('linear', 2, 4096, 4096): GemvConfig(64, 256, 4, 4, 3, True),  # 12.4 us, _scaled_mm 16.9
-    ('linear', 4, 4096, 4096): GemvConfig(64, 256, 4, 4, 3, True),  # 12.9 us, _scaled_mm 16.9
-    ('linear', 8, 4096, 4096): GemvConfig(64, 256, 4, 4, 3, True),  # 13.0 us, _scaled_mm 16.3
+    ('linear', 2, 4096, 4096): None,  # GEMV 13.8; quantize 2.2 + GEMM 8.8
+    ('linear', 4, 4096, 4096): None,  # GEMV 14.3; quantize 2.2 + GEMM 8.5
+    ('linear', 8, 4096, 4096): None,  # GEMV 14.5; quantize 2.3 + GEMM 8.6
 }
 
 

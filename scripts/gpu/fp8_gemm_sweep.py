@@ -34,8 +34,8 @@ import triton  # noqa: E402
 from gemv_sweep import copies_past_l2, splits_for, time_calls  # noqa: E402
 
 from autoglm_serve.kernels import fp8_gemv, fp8_quant  # noqa: E402
-from autoglm_serve.kernels.fp8_gemm import MIN_ROWS, GemmConfig, fp8_gemm  # noqa: E402
-from autoglm_serve.kernels.gemv import rows_bucket  # noqa: E402
+from autoglm_serve.kernels.fp8_gemm import (MIN_TILE_ROWS, GemmConfig, fp8_gemm,  # noqa: E402
+                                            rows_bucket)
 from autoglm_serve.quantization.fp8 import quantize_rows, scaled_gemm  # noqa: E402
 
 SHAPES = {"qkv": (4608, 4096), "o_proj": (4096, 4096), "gate_up": (27392, 4096),
@@ -47,7 +47,7 @@ SMOKE_CONFIGS = [GemmConfig(16, 32, 64), GemmConfig(32, 32, 64, split_k=2)]
 def configs_for(m: int, n: int, k: int) -> list[GemmConfig]:
     """Activation tiles of the rows bucket and half of it (16..128), weight tiles of 64 and 128
     rows, K chunks of 128 and 256, each split-K that gives 128..1024 programs."""
-    bucket = rows_bucket(max(m, 16))
+    bucket = rows_bucket(m)
     configs = []
     for bm in sorted({min(bucket, 128), max(16, min(bucket, 128) // 2)}):
         for bn in (64, 128):
@@ -129,10 +129,11 @@ def sweep(name, n, k, m, w16, w8, deadline, smoke, gen) -> dict:
 
 
 def tuned_table(rows: list[dict], near: float = 0.03) -> list[str]:
-    """kernels/fp8_gemm.py's TUNED lines: for each (M >= MIN_ROWS, shape) whose best config beats
+    """kernels/fp8_gemm.py's TUNED lines: for each (M >= 16, shape) whose best config beats
     ``_scaled_mm`` by 3% or more, a config within ``near`` of that best, from as few distinct
     configs as a greedy cover finds (each is compiled at start-up); else None."""
-    rows = [r for r in rows if r["m"] >= MIN_ROWS]     # fewer: the FP8 GEMV's rows
+    # fewer rows run the 16-row tiles: their JSON lines weigh the GEMM against the GEMV
+    rows = [r for r in rows if r["m"] >= MIN_TILE_ROWS]
     near_best = {}
     for r in rows:
         best = r["split_k_best_us"]
