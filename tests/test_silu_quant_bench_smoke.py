@@ -1,0 +1,23 @@
+"""scripts/gpu/silu_quant_bench.py --smoke runs the GPU script's whole path on CPU (Triton
+interpreter, tiny rows, a partial tile), so the device call does not fail on a typo, and its
+one-pass kernel gives the engine's codes and scales bit for bit there."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_silu_quant_bench_smoke_runs():
+    r = subprocess.run([sys.executable, "scripts/gpu/silu_quant_bench.py", "--smoke"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert [row["rows"] for row in rows] == [3, 5]
+    for row in rows:
+        for name in ("two_kernels", "engine", "one_pass_8w", "one_pass_16w", "one_pass_32w"):
+            assert isinstance(row[name], float) and row[name] > 0, (name, row)
+    assert "0 variants differed from the two kernels" in r.stdout
