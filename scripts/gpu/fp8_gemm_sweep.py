@@ -31,7 +31,8 @@ if "--smoke" in sys.argv:        # before triton is imported
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
-from gemv_sweep import copies_past_l2, splits_for, time_calls  # noqa: E402
+from gemv_sweep import (copies_past_l2, splits_for, time_calls,  # noqa: E402
+                        use_interpreter_fixes)
 
 from autoglm_serve.kernels import fp8_gemv, fp8_quant  # noqa: E402
 from autoglm_serve.kernels.fp8_gemm import (MIN_TILE_ROWS, GemmConfig, fp8_gemm,  # noqa: E402
@@ -165,11 +166,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     if args.smoke:
-        sys.path.insert(0, os.path.join(ROOT, "tests"))
-        from _pytest.monkeypatch import MonkeyPatch
-        from triton_interpreter_fixes import fix_interpreter
-        fix_interpreter(MonkeyPatch())
-        torch.set_num_threads(1)
+        use_interpreter_fixes()
     shapes = SMOKE_SHAPES if args.smoke else SHAPES
     ms = [3, 40, 70] if args.smoke else [int(m) for m in args.ms.split(",")]
     gen = torch.Generator(device="cpu" if args.smoke else "cuda").manual_seed(0)

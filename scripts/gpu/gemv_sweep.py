@@ -14,6 +14,19 @@ GRAPH_SECONDS = 2e-3        # aim for ~2 ms of GEMMs per graph replay
 REPLAYS = 7
 
 
+def use_interpreter_fixes() -> None:
+    """For a --smoke run on CPU: the tests' work-arounds for the Triton interpreter's bugs
+    (tests/triton_interpreter_fixes.py), applied for the whole process, and one torch thread."""
+    import os
+    import sys
+    import types
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.join(root, "tests"))
+    from triton_interpreter_fixes import fix_interpreter
+    fix_interpreter(types.SimpleNamespace(setattr=setattr))
+    torch.set_num_threads(1)
+
+
 def copies_past_l2(nbytes: int) -> int:
     """Weight copies to cycle through so that their sum is 3 x L2 (at least 2)."""
     return max(2, math.ceil(3 * L2_BYTES / nbytes))

@@ -35,7 +35,6 @@ import math
 import os
 import sys
 import time
-import types
 from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -46,7 +45,8 @@ if "--smoke" in sys.argv:        # before triton is imported
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from gemv_sweep import copies_past_l2, splits_for, time_calls  # noqa: E402
+from gemv_sweep import (copies_past_l2, splits_for, time_calls,  # noqa: E402
+                        use_interpreter_fixes)
 
 LAYERS = 40
 DTYPE = torch.bfloat16
@@ -492,10 +492,7 @@ def main():
     args.large_ms = [int(v) for v in args.large_ms.split(",")]
     import triton
     if args.smoke:
-        sys.path.insert(0, os.path.join(ROOT, "tests"))
-        from triton_interpreter_fixes import fix_interpreter   # the tests' interpreter fixes
-        fix_interpreter(types.SimpleNamespace(setattr=setattr))
-        torch.set_num_threads(1)
+        use_interpreter_fixes()
         args.ms = [1, 3]
         args.large_ms = [16]
         shapes = SMOKE_SHAPES

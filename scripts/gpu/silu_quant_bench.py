@@ -31,7 +31,7 @@ if "--smoke" in sys.argv:        # before triton is imported
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from gemv_sweep import copies_past_l2, time_calls  # noqa: E402
+from gemv_sweep import copies_past_l2, time_calls, use_interpreter_fixes  # noqa: E402
 
 from autoglm_serve.kernels import fp8_quant, fused_ops, next_power_of_2  # noqa: E402
 from autoglm_serve.kernels.fused_ops import silu_mul  # noqa: E402
@@ -101,11 +101,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     if args.smoke:
-        sys.path.insert(0, os.path.join(ROOT, "tests"))
-        from _pytest.monkeypatch import MonkeyPatch
-        from triton_interpreter_fixes import fix_interpreter
-        fix_interpreter(MonkeyPatch())
-        torch.set_num_threads(1)
+        use_interpreter_fixes()
     gen = torch.Generator(device="cpu" if args.smoke else "cuda").manual_seed(0)
     rows = [3, 5] if args.smoke else [int(r) for r in args.rows.split(",")]
     results = [measure(m, SMOKE_D if args.smoke else D, args.smoke, gen) for m in rows]
