@@ -6,7 +6,7 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-from autoglm_serve.kernels import fp8_gemm  # noqa: E402
+from autoglm_serve.kernels import fp8_gemm, gemv  # noqa: E402
 from autoglm_serve.kernels.fp8_gemm import GemmConfig  # noqa: E402
 from autoglm_serve.quantization import fp8, kernel_checks  # noqa: E402
 from autoglm_serve.quantization.fp8 import quantize_rows  # noqa: E402
@@ -49,9 +49,10 @@ def test_split_k_counters_are_ready_for_the_next_launch():
         x = torch.randn(20, 200, generator=g).to(DEVICE, torch.bfloat16)
         out = fp8_gemm.fp8_gemm(*quantize_rows(x), w, ws, None, torch.bfloat16, cfg)
         assert rel(out, fp8_reference(x, w, ws)) < 5e-3
-    counts = next(c for (_, n, _, c_cfg), (_, c) in fp8_gemm._workspaces.items()
-                  if n == 37 and c_cfg == cfg)
-    assert not counts.any()
+    # the workspace of N = 37, split 3, 32 rows (20 rows' bucket): 2 x 2 tiles
+    counts = [c for (_, n, tiles, split, _, rows), (_, c) in gemv._workspaces.items()
+              if (n, tiles, split, rows) == (37, 4, 3, 32)]
+    assert len(counts) == 1 and not counts[0].any()
 
 
 def test_untuned_shapes_stay_on_scaled_mm(monkeypatch):

@@ -8,10 +8,10 @@ where their 17-19 MB of weights need ~3.8 us, and down ~35 us up to 128 rows (~1
 (BENCHMARKS.md, twenty-first session). From 2 to 8 rows the FP8 GEMV (kernels/fp8_gemv.py),
 which quantizes its activations inside the K loop of every program, was slower than the
 quantization kernel and this GEMM together (kernels/fp8_gemv.py's TUNED says where). Here the K
-chunks of a tile are split over SPLIT_K
-programs, as in the GEMVs (kernels/gemv.py): each writes its fp32 partial, and the last of a
-tile's programs to finish sums them in split order (deterministic) and writes the output. One
-launch, fixed workspaces per shape: CUDA-graph safe.
+chunks of a tile are split over SPLIT_K programs, as in the GEMVs (kernels/gemv.py): each writes
+its fp32 partial, and the last of a tile's programs to finish sums them in split order
+(deterministic) and writes the output. One launch, fixed workspaces per shape (the GEMVs'):
+CUDA-graph safe.
 
 A program computes a [BLOCK_N, BLOCK_M] tile as weight tile @ activation tile^T (both e4m3,
 K-major, as Hopper's FP8 tensor cores take them): the weight rows fill the MMA's 64-row side
@@ -21,8 +21,8 @@ products of e4m3 values are exact in fp32 and each BLOCK_K chunk's MMA is added 
 accumulator on its own (``max_num_imprecise_acc``), as cuBLAS does without fast accumulation:
 the W8A8 product ``_scaled_mm`` computes, up to summation order.
 
-``TUNED`` is keyed (rows bucket, N, K) and filled from scripts/gpu/fp8_gemm_sweep.py on the
-H200; a shape not there, or None there, stays on ``_scaled_mm``. quantization/kernel_checks.py
+``TUNED`` is keyed (rows bucket, N, K) and filled from scripts/gpu/fp8_gemm_sweep.py; a shape
+not there, or None there, stays on ``_scaled_mm``. quantization/kernel_checks.py
 compares the kernel with the W8A8 reference at start-up and sets ``ENABLED = False`` on a
 problem.
 """
@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from autoglm_serve.kernels import next_power_of_2, pdl
-from autoglm_serve.kernels.gemv import finish_split_k, split_k_range
+from autoglm_serve.kernels.gemv import finish_split_k, split_k_range, workspace
 from autoglm_serve.kernels.pdl import wait_for_previous_grid
 
 ENABLED = True
@@ -145,22 +145,6 @@ def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr,
                    tile, pid_k, M, N, HAS_BIAS, False, SPLIT_K)
 
 
-# (device, N, rows bucket, config) -> (fp32 partials, int32 counters). Allocated once per shape
-# and never replaced: a captured CUDA graph keeps pointing at them.
-_workspaces: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def _workspace(device, n: int, m: int, cfg: GemmConfig):
-    bucket = rows_bucket(m)
-    key = (device, n, bucket, cfg)
-    if key not in _workspaces:
-        tiles = triton.cdiv(bucket, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-        _workspaces[key] = (
-            torch.empty(cfg.split_k * bucket * n, dtype=torch.float32, device=device),
-            torch.zeros(tiles, dtype=torch.int32, device=device))
-    return _workspaces[key]
-
-
 def supports(xq: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype) -> bool:
     """Whether ``fp8_gemm`` takes this product and was measured faster than ``_scaled_mm``."""
     if not ENABLED or not xq.is_cuda or out_dtype not in DTYPES or not weight.is_contiguous():
@@ -182,8 +166,10 @@ def fp8_gemm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
     y = torch.empty(m, n, dtype=out_dtype, device=xq.device)
     if m == 0:
         return y
-    if cfg.split_k > 1:
-        partials, counts = _workspace(xq.device, n, m, cfg)
+    if cfg.split_k > 1:     # sized for the rows bucket: every row count in it shares one
+        bucket = rows_bucket(m)
+        tiles = triton.cdiv(bucket, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+        partials, counts = workspace(xq.device, n, tiles, cfg.split_k, False, rows=bucket)
     else:
         partials, counts = y, y   # unused
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)

@@ -290,15 +290,17 @@ def finish_split_k(y_ptr, bias_ptr, partial_ptr, count_ptr, out, out_up, rows, o
             tl.store(count_ptr + pid_n, 0)   # ready for the next launch (graph replays too)
 
 
-# (device, N, tiles, split_k, gated) -> (fp32 partials, int32 counters). Allocated once per
-# shape and never replaced: a captured CUDA graph keeps pointing at them.
+# (device, N, tiles, split_k, gated, rows) -> (fp32 partials, int32 counters). Allocated once
+# per shape and never replaced: a captured CUDA graph keeps pointing at them. Shared by the
+# quantized GEMVs and the FP8 GEMM (kernels/fp8_gemm.py, up to its rows bucket).
 _workspaces: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def workspace(device, n: int, tiles: int, split_k: int, gated: bool):
-    key = (device, n, tiles, split_k, gated)
+def workspace(device, n: int, tiles: int, split_k: int, gated: bool, rows: int = MAX_ROWS):
+    """finish_split_k's partials for up to ``rows`` rows, and its per-tile counters."""
+    key = (device, n, tiles, split_k, gated, rows)
     if key not in _workspaces:
-        partials = torch.empty(split_k * (2 if gated else 1) * MAX_ROWS * n, dtype=torch.float32,
+        partials = torch.empty(split_k * (2 if gated else 1) * rows * n, dtype=torch.float32,
                                device=device)
         _workspaces[key] = (partials, torch.zeros(tiles, dtype=torch.int32, device=device))
     return _workspaces[key]

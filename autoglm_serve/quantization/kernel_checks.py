@@ -1,8 +1,9 @@
 """Start-up self-check of the quantized decode GEMVs (kernels/w4a16_gemv.py, kernels/fp8_gemv.py)
 and the split-K FP8 GEMM (kernels/fp8_gemm.py) against the dequantize-then-matmul references, on
 every path once and every tuned config at its own rows and K, and of the FP8 activation
-quantization (kernels/fp8_quant.py) against the torch ops. It lives above the kernels (they must not import quantization back) and runs only for the
-kernels the loaded model uses, before CUDA-graph capture (it compiles).
+quantization (kernels/fp8_quant.py) against the torch ops. It lives above the kernels (they must
+not import quantization back) and runs only for the kernels the loaded model uses, before
+CUDA-graph capture (it compiles).
 """
 from __future__ import annotations
 
