@@ -190,11 +190,13 @@ def test_activation_quantization_given_the_row_amax_is_bitwise_its_own_pass():
     assert torch.equal(s2[amax > 0], (2 * s_ref)[amax > 0])
 
 
-@pytest.mark.parametrize("d", [1000, 10000])
+@pytest.mark.parametrize("d", [1000, 10000, 20000])
 def test_silu_and_mul_quantization_is_bitwise_the_two_kernels(d):
     """down_proj's input quantized as SiLU-and-mul computes it: the codes and scales of the
-    SiLU kernel's product quantized after it. d = 10,000: more than one 8,192-column chunk, the
-    last one partial."""
+    SiLU kernel's product quantized after it. d = 1,000 and 10,000: the row in one tile, part
+    of it masked; 20,000: past ONE_TILE_MAX, two passes over 8,192-column chunks, the last one
+    partial."""
+    assert 10000 <= fp8_quant.ONE_TILE_MAX < 20000
     g = gen()
     x = (torch.randn(5, 2 * d, generator=g) * torch.logspace(-2, 2, 5)[:, None]).to(
         DEVICE, torch.bfloat16)

@@ -1,6 +1,6 @@
 """scripts/gpu/silu_quant_bench.py --smoke runs the GPU script's whole path on CPU (Triton
-interpreter, tiny rows, a partial tile), so the device call does not fail on a typo, and its
-one-pass kernel gives the engine's codes and scales bit for bit there."""
+interpreter, tiny rows, a partial tile), so the device call does not fail on a typo, and every
+tile it times gives the two kernels' codes and scales bit for bit there."""
 import json
 import os
 import subprocess
@@ -18,6 +18,7 @@ def test_silu_quant_bench_smoke_runs():
     rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     assert [row["rows"] for row in rows] == [3, 5]
     for row in rows:
-        for name in ("two_kernels", "engine", "one_pass_8w", "one_pass_16w", "one_pass_32w"):
+        for name in ("two_kernels", "engine", "two_pass_8192x16", "one_tile_8w", "one_tile_16w",
+                     "one_tile_32w"):
             assert isinstance(row[name], float) and row[name] > 0, (name, row)
     assert "0 variants differed from the two kernels" in r.stdout

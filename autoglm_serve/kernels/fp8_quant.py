@@ -6,8 +6,8 @@ whose four torch ops (abs-amax, divide, clamp, cast) each read or write the whol
 One program per row: a pass for the amax (skipped where the kernel that wrote x gave it), then
 a pass that writes the quantized row (the second read of the row comes from L2). down_proj's
 input is quantized as SiLU-and-mul computes it (``silu_and_mul_quantize``): the [gate | up] rows
-read twice (the second time from L2), where the two kernels read them, wrote the product in
-16 bits and read that twice. No host syncs, fixed shapes: CUDA-graph safe.
+read once where a row fits in registers (AutoGLM's 13,696 columns), else twice, where the two
+kernels read them, wrote the product in 16 bits and read that twice. No host syncs, fixed shapes: CUDA-graph safe.
 
 ``ENABLED``: quantization/kernel_checks.py sets it False where a kernel fails or disagrees with
 the torch ops at start-up (they then run).
@@ -26,6 +26,7 @@ ENABLED = True
 FP8 = torch.float8_e4m3fn
 FP8_MAX = tl.constexpr(448.0)       # constexpr: a global the kernels read
 MIN_SCALE = tl.constexpr(1e-12)
+ONE_TILE_MAX = 16384       # columns of SiLU-and-mul's product held in registers
 
 
 @triton.jit
@@ -74,25 +75,34 @@ def quantize_rows(x: torch.Tensor, row_amax: torch.Tensor | None = None
 
 @triton.jit
 def _silu_and_mul_quantize_kernel(x_ptr, q_ptr, s_ptr, D, stride_x, BLOCK: tl.constexpr,
-                                  PDL: tl.constexpr):
+                                  ONE_TILE: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     gate_row = x_ptr + row * stride_x
     wait_for_previous_grid(PDL)
-    amax = tl.zeros((BLOCK,), dtype=tl.float32)
-    for k in range(0, D, BLOCK):    # masked columns: silu(0) * 0 = 0, no effect on the amax
-        mask = offs < D - k
-        act = silu_mul(tl.load(gate_row + k + offs, mask=mask, other=0.0),
-                       tl.load(gate_row + D + k + offs, mask=mask, other=0.0))
-        amax = tl.maximum(amax, tl.abs(act.to(tl.float32)))
-    scale = tl.maximum(tl.div_rn(tl.max(amax, axis=0), FP8_MAX), MIN_SCALE)
-    tl.store(s_ptr + row, scale)
-    for k in range(0, D, BLOCK):
-        mask = offs < D - k
-        act = silu_mul(tl.load(gate_row + k + offs, mask=mask, other=0.0),
-                       tl.load(gate_row + D + k + offs, mask=mask, other=0.0))
-        q = tl.clamp(tl.div_rn(act.to(tl.float32), scale), -FP8_MAX, FP8_MAX)
-        tl.store(q_ptr + row * D + k + offs, q.to(tl.float8e4nv), mask=mask)
+    if ONE_TILE:    # BLOCK >= D: the row stays in registers, read once
+        mask = offs < D         # masked columns: silu(0) * 0 = 0, no effect on the amax
+        act = silu_mul(tl.load(gate_row + offs, mask=mask, other=0.0),
+                       tl.load(gate_row + D + offs, mask=mask, other=0.0)).to(tl.float32)
+        scale = tl.maximum(tl.div_rn(tl.max(tl.abs(act), axis=0), FP8_MAX), MIN_SCALE)
+        tl.store(s_ptr + row, scale)
+        q = tl.clamp(tl.div_rn(act, scale), -FP8_MAX, FP8_MAX)
+        tl.store(q_ptr + row * D + offs, q.to(tl.float8e4nv), mask=mask)
+    else:           # a pass for the amax, then one that writes (its reads mostly from L2)
+        amax = tl.zeros((BLOCK,), dtype=tl.float32)
+        for k in range(0, D, BLOCK):
+            mask = offs < D - k
+            act = silu_mul(tl.load(gate_row + k + offs, mask=mask, other=0.0),
+                           tl.load(gate_row + D + k + offs, mask=mask, other=0.0))
+            amax = tl.maximum(amax, tl.abs(act.to(tl.float32)))
+        scale = tl.maximum(tl.div_rn(tl.max(amax, axis=0), FP8_MAX), MIN_SCALE)
+        tl.store(s_ptr + row, scale)
+        for k in range(0, D, BLOCK):
+            mask = offs < D - k
+            act = silu_mul(tl.load(gate_row + k + offs, mask=mask, other=0.0),
+                           tl.load(gate_row + D + k + offs, mask=mask, other=0.0))
+            q = tl.clamp(tl.div_rn(act.to(tl.float32), scale), -FP8_MAX, FP8_MAX)
+            tl.store(q_ptr + row * D + k + offs, q.to(tl.float8e4nv), mask=mask)
 
 
 def silu_and_mul_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,12 +115,14 @@ def silu_and_mul_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty(m, d, dtype=FP8, device=x.device)
     scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
     if m:
-        # one program a row: wide tiles keep enough loads in flight where rows are few (H100,
-        # d = 13,696, 256 rows: 14.3 us at 8,192 x 16 warps, 21.2 at 2,048 x 4; the two kernels
-        # 16.0; BENCHMARKS.md)
-        block = min(8192, next_power_of_2(d))
-        num_warps = max(1, min(16, block // 512))
+        # one program a row. Up to ONE_TILE_MAX columns the whole row sits in registers (16
+        # elements of gate and of up a thread at 32 warps), so it is read once: H100, d =
+        # 13,696, 16 / 256 / 4,096 / 16,384 rows: 6.4 / 10.8 / 123.7 / 485.0 us, where two
+        # passes over 8,192-column tiles took 9.1 / 14.2 / 161.1 / 610.1 (BENCHMARKS.md)
+        one_tile = d <= ONE_TILE_MAX
+        block = next_power_of_2(d) if one_tile else 8192
+        num_warps = max(1, min(32, block // 512))
         _silu_and_mul_quantize_kernel[(m,)](x, q, scale, d, x.stride(0), BLOCK=block,
-                                            num_warps=num_warps,
+                                            ONE_TILE=one_tile, num_warps=num_warps,
                                             **pdl.launch_options(x.device))
     return q, scale

@@ -1,19 +1,17 @@
-"""down_proj's input, SiLU-and-mul quantized to e4m3: the engine's kernel against one that
-reads each row once (GPU).
+"""down_proj's input, SiLU-and-mul quantized to e4m3: the engine's kernel by tile (GPU).
 
     python3 scripts/gpu/silu_quant_bench.py [--rows 16,256,4096,16384]
     python3 scripts/gpu/silu_quant_bench.py --smoke     # CPU, Triton interpreter, tiny rows
 
 kernels/fp8_quant.silu_and_mul_quantize makes a row's scale from its amax before it can write a
-code, so it reads [gate | up] twice, in 8,192-column tiles: at AutoGLM's 13,696 columns the
-second pass finds little of the row in L2 once thousands of rows are in flight (an H100 took
-612 us for 16,384 rows, where one read of the 897 MB and the 224 MB of codes need ~350). The
-variant here holds the whole row in registers (one tile of the next power of two), so it reads
-it once; it costs occupancy (registers for 16,384 columns a program). Per row count this times
-the two kernels the engine ran before (fused_ops.silu_and_mul, then fp8_quant.quantize_rows),
-the engine's kernel, and the one-pass kernel at 8, 16 and 32 warps, each first checked bit for
-bit against the two kernels. CUDA-graph replays over inputs past L2 (scripts/gpu/gemv_sweep.py).
-Prints a JSON line per row count.
+code. Up to ONE_TILE_MAX columns it holds the whole row in registers and reads it once (one
+tile of the next power of two, 32 warps at AutoGLM's 13,696); past that it reads [gate | up]
+twice in 8,192-column tiles, the second time mostly from L2. Per row count this times the two
+kernels the engine ran before (fused_ops.silu_and_mul, then fp8_quant.quantize_rows), the
+engine's kernel as it dispatches, the two-pass tiles forced (8,192 columns, 16 warps) and the
+one tile at 8, 16 and 32 warps, each first checked bit for bit against the two kernels.
+CUDA-graph replays over inputs past L2 (scripts/gpu/gemv_sweep.py). Prints a JSON line per row
+count.
 """
 from __future__ import annotations
 
@@ -29,41 +27,23 @@ if "--smoke" in sys.argv:        # before triton is imported
     os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 from gemv_sweep import copies_past_l2, time_calls, use_interpreter_fixes  # noqa: E402
 
 from autoglm_serve.kernels import fp8_quant, fused_ops, next_power_of_2  # noqa: E402
-from autoglm_serve.kernels.fused_ops import silu_mul  # noqa: E402
 
 D = 13696            # AutoGLM-Phone-9B's intermediate size
 SMOKE_D = 300
 
 
-@triton.jit
-def _one_pass_kernel(x_ptr, q_ptr, s_ptr, D, stride_x, BLOCK: tl.constexpr):
-    """A row of [gate | up] -> its codes and scale, the row read once (BLOCK >= D)."""
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK)
-    mask = offs < D
-    gate_row = x_ptr + row * stride_x
-    act = silu_mul(tl.load(gate_row + offs, mask=mask, other=0.0),
-                   tl.load(gate_row + D + offs, mask=mask, other=0.0)).to(tl.float32)
-    # masked columns: silu(0) * 0 = 0, no effect on the amax; IEEE divisions as the engine's
-    scale = tl.maximum(tl.div_rn(tl.max(tl.abs(act), axis=0), fp8_quant.FP8_MAX),
-                       fp8_quant.MIN_SCALE)
-    tl.store(s_ptr + row, scale)
-    q = tl.clamp(tl.div_rn(act, scale), -fp8_quant.FP8_MAX, fp8_quant.FP8_MAX)
-    tl.store(q_ptr + row * D + offs, q.to(tl.float8e4nv), mask=mask)
-
-
-def one_pass(x: torch.Tensor, num_warps: int) -> tuple[torch.Tensor, torch.Tensor]:
+def tile(x: torch.Tensor, one_tile: bool, num_warps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The engine's kernel with its tile chosen here (one tile: the row in registers)."""
     m, d2 = x.shape
     d = d2 // 2
     q = torch.empty(m, d, dtype=fp8_quant.FP8, device=x.device)
     scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
-    _one_pass_kernel[(m,)](x, q, scale, d, x.stride(0), BLOCK=next_power_of_2(d),
-                           num_warps=num_warps)
+    fp8_quant._silu_and_mul_quantize_kernel[(m,)](
+        x, q, scale, d, x.stride(0), BLOCK=next_power_of_2(d) if one_tile else 8192,
+        ONE_TILE=one_tile, PDL=False, num_warps=num_warps)
     return q, scale
 
 
@@ -82,8 +62,9 @@ def measure(m: int, d: int, smoke: bool, gen: torch.Generator) -> dict:
           for _ in range(copies)]
     want = two_kernels(xs[0])
     bytes_moved = m * d * (2 * 2 + 1)         # [gate | up] read once, the codes written
-    variants = {"two_kernels": two_kernels, "engine": fp8_quant.silu_and_mul_quantize}
-    variants.update({f"one_pass_{w}w": (lambda x, w=w: one_pass(x, w)) for w in (8, 16, 32)})
+    variants = {"two_kernels": two_kernels, "engine": fp8_quant.silu_and_mul_quantize,
+                "two_pass_8192x16": lambda x: tile(x, False, 16)}
+    variants.update({f"one_tile_{w}w": (lambda x, w=w: tile(x, True, w)) for w in (8, 16, 32)})
     row = {"rows": m, "d": d, "one_read_us_at_4TBps": round(1e6 * bytes_moved / 4e12, 1)}
     for name, fn in variants.items():
         if not bitwise_equal(fn(xs[0]), want):
