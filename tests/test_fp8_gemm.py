@@ -66,6 +66,20 @@ def test_untuned_shapes_stay_on_scaled_mm(monkeypatch):
     assert fp8_gemm.select_config(2, 4608, 4096) == GemmConfig(16, 64, 128, 4)
 
 
+def test_a_declined_gated_gemv_leaves_gate_up_to_the_gemm():
+    """Where the FP8 gated GEMV is declined (None), the MLP runs gate_up as a plain linear: that
+    shape must be declined too, or the GEMV's untuned default tiles take it instead of the
+    split-K GEMM the gated entry was measured against (an H100's 8-row decode step ran gate_up
+    through the GEMV at 57.5 us before this)."""
+    from autoglm_serve.kernels import fp8_gemv
+    declined = [(rows, n, k) for (kind, rows, n, k), cfg in fp8_gemv.TUNED.items()
+                if kind == "gated" and cfg is None]
+    assert declined
+    for rows, n, k in declined:
+        assert fp8_gemv.TUNED.get(("linear", rows, 2 * n, k), "missing") is None, (rows, n, k)
+        assert fp8_gemm.select_config(rows, 2 * n, k) is not None, (rows, n, k)
+
+
 def test_start_up_check_covers_the_tuned_configs(monkeypatch):
     """Each tuned config runs at its own rows and K; a wrong result switches the kernel off."""
     monkeypatch.setattr(fp8_gemm, "TUNED", {(16, 4096, 320): GemmConfig(16, 32, 64, 2),

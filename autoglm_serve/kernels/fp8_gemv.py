@@ -61,6 +61,11 @@ TUNED: dict[tuple[str, int, int, int], GemvConfig | None] = {
     ('gated', 2, 13696, 4096): None,  # GEMV 57.1; quantize 2.2 + GEMM 40.2 + SiLU quantize 7.6
     ('gated', 4, 13696, 4096): None,  # GEMV 48.1; quantize 2.2 + GEMM 40.3 + SiLU quantize 7.6
     ('gated', 8, 13696, 4096): None,  # GEMV 48.7; quantize 2.3 + GEMM 40.2 + SiLU quantize 7.6
+    # gate_up as a plain linear, where the gated GEMV above is declined: an untuned shape here
+    # would take the GEMV's default tiles (8 rows: 57.5 us in the H100 engine's decode graph)
+    ('linear', 2, 27392, 4096): None,  # quantize (given the norm's amax) 2.2 + GEMM 40.2
+    ('linear', 4, 27392, 4096): None,  # quantize 2.2 + GEMM 40.3
+    ('linear', 8, 27392, 4096): None,  # quantize 2.3 + GEMM 40.2
     ('linear', 1, 4096, 13696): GemvConfig(8, 1024, 1, 4, 3, False),  # 21.9 us, _scaled_mm 51.4
     ('linear', 2, 4096, 13696): None,  # GEMV 41.9; quantize 7.6 + GEMM 22.8
     ('linear', 4, 4096, 13696): None,  # GEMV 42.4; quantize 7.6 + GEMM 22.9
