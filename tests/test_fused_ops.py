@@ -10,11 +10,13 @@ from autoglm_serve.models.glm4v_vision import _rotate_half  # noqa: E402
 from autoglm_serve.models.layers.activation import SiluAndMul  # noqa: E402
 from autoglm_serve.models.layers.norm import RMSNorm, rms_norm_pair  # noqa: E402
 from autoglm_serve.models.layers.rotary import RotaryEmbedding  # noqa: E402
+from autoglm_serve.quantization import fp8  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and not triton.knobs.runtime.interpret:
     pytest.skip("no GPU and triton not in interpreter mode", allow_module_level=True)
 DTYPES = [torch.float32] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+pytestmark = pytest.mark.usefixtures("triton_interpreter_fixes")   # fp8 casts round there
 
 
 def rel(a, b):
@@ -56,13 +58,20 @@ def test_rms_norm_pair(dtype, rows, hidden):
     second = RMSNorm(hidden, 1e-6, dtype).to(DEVICE)
     first.weight.data.uniform_(0.5, 1.5)
     second.weight.data.uniform_(0.5, 1.5)
-    ref_out, ref_sum, no_amax = rms_norm_pair(first, second, x, r, row_amax=True)
-    assert no_amax is None          # the PyTorch path leaves the amax to the FP8 layer
-    out, new_sum, amax = fused_ops.rms_norm_pair(x, r, first.weight, first.eps, second.weight,
-                                                 second.eps, row_amax=True)
+    ref_out, ref_sum, no_rows = rms_norm_pair(first, second, x, r, fp8=True)
+    assert no_rows is None          # the PyTorch path leaves the quantization to the FP8 layer
+    out, new_sum, fp8_rows = fused_ops.rms_norm_pair(x, r, first.weight, first.eps,
+                                                     second.weight, second.eps, fp8=True)
     assert rel(out, ref_out) < tol(dtype) and rel(new_sum, ref_sum) < tol(dtype)
-    # the per-token FP8 scale's amax, exactly that of the rows as stored
+    # the next FP8 layer's input: the rows as stored, quantized per token as the torch ops do
+    amax = fp8_rows.amax
     assert amax.dtype == torch.float32 and torch.equal(amax, out.float().abs().amax(dim=-1))
+    if rows == 1:       # the FP8 GEMV's row: it quantizes the row itself, given the amax
+        assert fp8_rows.codes is None and fp8_rows.scale is None
+    else:
+        codes, scale = fp8.quantize_rows(out)
+        assert torch.equal(fp8_rows.scale, scale)
+        assert torch.equal(fp8_rows.codes.view(torch.uint8), codes.view(torch.uint8))
     assert fused_ops.rms_norm_pair(x, r, first.weight, first.eps, second.weight,
                                    second.eps)[2] is None
 

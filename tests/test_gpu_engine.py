@@ -91,33 +91,33 @@ def test_fast_path_matches_reference_bf16(tmp_path, arch):
 
 
 @pytest.mark.parametrize("arch,eager", [("glm4", True), ("glm4-real-shapes", False)])
-def test_fp8_decode_takes_the_norms_row_amax_bitwise(tmp_path, arch, eager, monkeypatch):
-    """--quantization fp8: at decode the fused norm pair gives qkv's and gate_up's FP8 GEMV
-    each row's amax, which replaces the GEMV's own pass over x. The same scales, so the same
-    logits bit for bit and the same tokens as with the GEMV's own pass, eager and in the decode
-    CUDA graphs. (Eager, the GEMV calls are counted from the start of generation: the start-up
-    self-check makes both kinds, and graph replays make no Python calls.)"""
-    from autoglm_serve.kernels import fp8_gemv
-    from autoglm_serve.quantization.fp8 import Fp8LinearMethod
+def test_fp8_layers_take_the_norms_quantized_rows_bitwise(tmp_path, arch, eager, monkeypatch):
+    """--quantization fp8: the fused norm pair writes qkv's and gate_up's input quantized per
+    token (and each row's amax, which the one-row FP8 GEMV takes), replacing the layers' own
+    quantization. The same codes and scales, so the same logits bit for bit and the same tokens
+    as with the layers quantizing for themselves, eager and in the decode CUDA graphs. (Eager,
+    the calls are counted from the start of generation: the start-up self-check makes both
+    kinds, and graph replays make no Python calls.)"""
+    from autoglm_serve.quantization import fp8
     given = []
-    launch = fp8_gemv._launch
+    linear = fp8.fp8_linear
 
-    def watch(*args):
-        given.append(args[-1] is not None)
-        return launch(*args)
-    monkeypatch.setattr(fp8_gemv, "_launch", watch)
+    def watch(x, weight, weight_scale, bias, fp8_rows=None):
+        given.append(fp8_rows is not None)
+        return linear(x, weight, weight_scale, bias, fp8_rows)
+    monkeypatch.setattr(fp8, "fp8_linear", watch)
     path = build(tmp_path, arch)
-    with_amax, own_pass = {}, {}
-    _, a = run(path, "bfloat16", "triton", eager, with_amax, quantization="fp8",
+    with_rows, own_pass = {}, {}
+    _, a = run(path, "bfloat16", "triton", eager, with_rows, quantization="fp8",
                on_start=given.clear)
-    assert any(given) or not eager, "no FP8 GEMV was given a row amax"
-    monkeypatch.setattr(Fp8LinearMethod, "uses_row_amax", False)
+    assert any(given) or not eager, "no FP8 layer was given the norm's quantized rows"
+    monkeypatch.setattr(fp8.Fp8LinearMethod, "takes_fp8_rows", False)
     _, b = run(path, "bfloat16", "triton", eager, own_pass, quantization="fp8",
                on_start=given.clear)
     assert not any(given) and (given or not eager)
     for (rid_a, ta), (rid_b, tb) in zip(a, b):
         assert ta == tb
-        for x, y in zip(with_amax[rid_a], own_pass[rid_b]):
+        for x, y in zip(with_rows[rid_a], own_pass[rid_b]):
             assert torch.equal(x, y)
 
 

@@ -173,21 +173,24 @@ def test_fused_activation_quantization_is_bitwise_the_torch_ops():
     assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
 
 
-def test_activation_quantization_given_the_row_amax_is_bitwise_its_own_pass():
-    """Where the fused norm gave each row's amax (qkv's and gate_up's inputs at any row
-    count), the quantization skips its own pass over x: the same scales and values."""
+@pytest.mark.parametrize("rows", [2, 6])
+def test_the_norm_pairs_fp8_rows_are_bitwise_the_torch_quantization(rows):
+    """GLM's fused norm pair writes qkv's and gate_up's FP8 input on the way: the codes and
+    scales of the torch ops on its own 16-bit output (an all-zero row: the minimum scale), and
+    each row's amax. (One row gets the amax alone: the FP8 GEMV quantizes it.)"""
     g = gen()
-    x = (torch.randn(6, 1000, generator=g) * torch.logspace(-3, 2, 6)[:, None]).to(
+    x = (torch.randn(rows, 1000, generator=g) * torch.logspace(-3, 2, rows)[:, None]).to(
         DEVICE, torch.bfloat16)
-    x[2] = 0
-    amax = x.float().abs().amax(dim=-1)
-    q, s = fp8_quant.quantize_rows(x, row_amax=amax)
-    q_ref, s_ref = fp8_quant.quantize_rows(x)
-    assert torch.equal(s, s_ref)
-    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
-    # the kernel reads the amax it is given: a doubled amax doubles every scale
-    _, s2 = fp8_quant.quantize_rows(x, row_amax=2 * amax)
-    assert torch.equal(s2[amax > 0], (2 * s_ref)[amax > 0])
+    w = (torch.rand(1000, generator=g) + 0.5).to(DEVICE, torch.bfloat16)
+    residual = torch.randn(rows, 1000, generator=g).to(DEVICE, torch.bfloat16)
+    x[-1] = residual[-1] = 0        # the norm's output row is all zero
+    out, _, fp8_rows = fused_ops.rms_norm_pair(x, residual, w, 1e-5, w, 1e-6, fp8=True)
+    q_ref, s_ref = fp8.quantize_rows(out)
+    assert fp8_rows.codes.shape == (rows, 1000) and fp8_rows.scale.shape == (rows, 1)
+    assert torch.equal(fp8_rows.scale, s_ref)
+    assert torch.equal(fp8_rows.codes.view(torch.uint8), q_ref.view(torch.uint8))
+    assert torch.equal(fp8_rows.amax, out.float().abs().amax(dim=-1))
+    assert s_ref[-1].item() == torch.tensor(1e-12).item()
 
 
 @pytest.mark.parametrize("d", [1000, 10000, 20000])

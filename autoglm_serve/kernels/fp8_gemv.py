@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from autoglm_serve.kernels import next_power_of_2, pdl
+from autoglm_serve.kernels.fp8_rows import FP8_MAX, row_scale
 from autoglm_serve.kernels.gemv import (GemvConfig, as_rows, default_split_k, finish_split_k,
                                         launch_buffers, load_k_tile, reduce_accumulators,
                                         row_tiles, rows_bucket, split_k_range,
@@ -46,8 +47,6 @@ ENABLED = True
 MAX_ROWS = 8
 DOT_MIN_ROWS = 16
 DTYPES = (torch.bfloat16, torch.float16)
-FP8_MAX = tl.constexpr(448.0)       # constexpr: a global the kernels read
-MIN_SCALE = tl.constexpr(1e-12)     # as quantization/fp8.py
 
 # (kind, rows bucket, N, K) -> config, or None: the activations' quantization kernel, then
 # kernels/fp8_gemm.py's split-K GEMM where it has the shape, else _scaled_mm. One row: from the
@@ -63,9 +62,9 @@ TUNED: dict[tuple[str, int, int, int], GemvConfig | None] = {
     ('gated', 8, 13696, 4096): None,  # GEMV 48.7; quantize 2.3 + GEMM 40.2 + SiLU quantize 7.6
     # gate_up as a plain linear, where the gated GEMV above is declined: an untuned shape here
     # would take the GEMV's default tiles (8 rows: 57.5 us in the H100 engine's decode graph)
-    ('linear', 2, 27392, 4096): None,  # quantize (given the norm's amax) 2.2 + GEMM 40.2
-    ('linear', 4, 27392, 4096): None,  # quantize 2.2 + GEMM 40.3
-    ('linear', 8, 27392, 4096): None,  # quantize 2.3 + GEMM 40.2
+    ('linear', 2, 27392, 4096): None,  # GEMM 40.2 (its input quantized by the norm before)
+    ('linear', 4, 27392, 4096): None,  # GEMM 40.3
+    ('linear', 8, 27392, 4096): None,  # GEMM 40.2
     ('linear', 1, 4096, 13696): GemvConfig(8, 1024, 1, 4, 3, False),  # 21.9 us, _scaled_mm 51.4
     ('linear', 2, 4096, 13696): None,  # GEMV 41.9; quantize 7.6 + GEMM 22.8
     ('linear', 4, 4096, 13696): None,  # GEMV 42.4; quantize 7.6 + GEMM 22.9
@@ -122,7 +121,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr, count_p
             xa = tl.load(x_ptr + offs_m[:, None] * K + k + offs_a[None, :],
                          mask=m_mask & (offs_a[None, :] < K - k), other=0.0)
             amax = tl.maximum(amax, tl.max(tl.abs(xa.to(tl.float32)), axis=1))
-    x_scale = tl.maximum(tl.div_rn(amax, FP8_MAX), MIN_SCALE)
+    x_scale = row_scale(amax)
     x_inv = tl.div_rn(tl.full(x_scale.shape, 1.0, tl.float32), x_scale)
 
     k_start, k_end = split_k_range(pid_k, K, BLOCK_K, SPLIT_K)

@@ -1,16 +1,17 @@
-"""Per-token FP8 activation quantization in one kernel, for the ``torch._scaled_mm`` path
-(more rows than the FP8 GEMV takes): x [M, K] -> (e4m3 [M, K], fp32 scale [M, 1]) with
-scale = max(row amax / 448, 1e-12) and q = saturate(x / scale), as quantization/fp8.quantize_rows,
-whose four torch ops (abs-amax, divide, clamp, cast) each read or write the whole activation.
+"""Per-token FP8 activation quantization in one kernel, for the GEMM path (more rows than the
+FP8 GEMV takes): x [M, K] -> (e4m3 [M, K], fp32 scale [M, 1]) with the codes and scales of
+quantization/fp8.quantize_rows (kernels/fp8_rows.py), whose four torch ops (abs-amax, divide,
+clamp, cast) each read or write the whole activation.
 
-One program per row: a pass for the amax (skipped where the kernel that wrote x gave it), then
-a pass that writes the quantized row (the second read of the row comes from L2). down_proj's
-input is quantized as SiLU-and-mul computes it (``silu_and_mul_quantize``): the [gate | up] rows
-read once where a row fits in registers (AutoGLM's 13,696 columns), else twice, where the two
-kernels read them, wrote the product in 16 bits and read that twice. No host syncs, fixed shapes: CUDA-graph safe.
+One program per row: a pass for the amax, then a pass that writes the quantized row (the second
+read of the row comes from L2); the rows after GLM-4's norm pairs come quantized from the norm
+(kernels/fused_ops.py) and skip this. down_proj's input is quantized as SiLU-and-mul computes
+it (``silu_and_mul_quantize``): the [gate | up] rows read once where a row fits in registers
+(AutoGLM's 13,696 columns), else twice, where the two kernels read them, wrote the product in
+16 bits and read that twice. No host syncs, fixed shapes: CUDA-graph safe.
 
 ``ENABLED``: quantization/kernel_checks.py sets it False where a kernel fails or disagrees with
-the torch ops at start-up (they then run).
+the torch ops at start-up (they then run, and the norms write no codes).
 """
 from __future__ import annotations
 
@@ -19,55 +20,43 @@ import triton
 import triton.language as tl
 
 from autoglm_serve.kernels import next_power_of_2, pdl
+from autoglm_serve.kernels.fp8_rows import FP8, row_codes, row_scale
 from autoglm_serve.kernels.fused_ops import silu_mul
 from autoglm_serve.kernels.pdl import wait_for_previous_grid
 
 ENABLED = True
-FP8 = torch.float8_e4m3fn
-FP8_MAX = tl.constexpr(448.0)       # constexpr: a global the kernels read
-MIN_SCALE = tl.constexpr(1e-12)
 ONE_TILE_MAX = 16384       # columns of SiLU-and-mul's product held in registers
 
 
 @triton.jit
-def _quantize_rows_kernel(x_ptr, amax_ptr, q_ptr, s_ptr, K, stride_x, BLOCK_K: tl.constexpr,
-                          HAS_AMAX: tl.constexpr, PDL: tl.constexpr):
+def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, BLOCK_K: tl.constexpr,
+                          PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_K)
     x_row = x_ptr + row * stride_x
     wait_for_previous_grid(PDL)
-    if HAS_AMAX:        # the kernel that wrote x measured it: one pass over the row, not two
-        row_max = tl.load(amax_ptr + row)
-    else:
-        amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
-            x = tl.load(x_row + k + offs, mask=offs < K - k, other=0.0)
-            amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
-        row_max = tl.max(amax, axis=0)
-    # IEEE divisions (Triton's / is approximate): bit for bit the torch ops
-    scale = tl.maximum(tl.div_rn(row_max, FP8_MAX), MIN_SCALE)
+    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        x = tl.load(x_row + k + offs, mask=offs < K - k, other=0.0)
+        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+    scale = row_scale(tl.max(amax, axis=0))
     tl.store(s_ptr + row, scale)
     for k in range(0, K, BLOCK_K):
         mask = offs < K - k
         x = tl.load(x_row + k + offs, mask=mask, other=0.0)
-        q = tl.clamp(tl.div_rn(x.to(tl.float32), scale), -FP8_MAX, FP8_MAX)
-        tl.store(q_ptr + row * K + k + offs, q.to(tl.float8e4nv), mask=mask)
+        tl.store(q_ptr + row * K + k + offs, row_codes(x, scale), mask=mask)
 
 
-def quantize_rows(x: torch.Tensor, row_amax: torch.Tensor | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """[M, K] 16/32-bit -> (e4m3 [M, K], float32 scale [M, 1]). row_amax: float32 [M], each
-    row's max |x| where the kernel that wrote x computed it (GLM's fused norm pair), else None."""
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[M, K] 16/32-bit -> (e4m3 [M, K], float32 scale [M, 1])."""
     m, k = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
     q = torch.empty(m, k, dtype=FP8, device=x.device)
     scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
     if m:
-        assert row_amax is None or (row_amax.dtype == torch.float32 and row_amax.numel() == m)
         block_k = min(2048, next_power_of_2(k))
-        _quantize_rows_kernel[(m,)](x, x if row_amax is None else row_amax, q, scale, k,
-                                    x.stride(0), BLOCK_K=block_k, HAS_AMAX=row_amax is not None,
+        _quantize_rows_kernel[(m,)](x, q, scale, k, x.stride(0), BLOCK_K=block_k,
                                     num_warps=4 if block_k >= 1024 else 1,
                                     **pdl.launch_options(x.device))
     return q, scale
@@ -84,10 +73,9 @@ def _silu_and_mul_quantize_kernel(x_ptr, q_ptr, s_ptr, D, stride_x, BLOCK: tl.co
         mask = offs < D         # masked columns: silu(0) * 0 = 0, no effect on the amax
         act = silu_mul(tl.load(gate_row + offs, mask=mask, other=0.0),
                        tl.load(gate_row + D + offs, mask=mask, other=0.0)).to(tl.float32)
-        scale = tl.maximum(tl.div_rn(tl.max(tl.abs(act), axis=0), FP8_MAX), MIN_SCALE)
+        scale = row_scale(tl.max(tl.abs(act), axis=0))
         tl.store(s_ptr + row, scale)
-        q = tl.clamp(tl.div_rn(act, scale), -FP8_MAX, FP8_MAX)
-        tl.store(q_ptr + row * D + offs, q.to(tl.float8e4nv), mask=mask)
+        tl.store(q_ptr + row * D + offs, row_codes(act, scale), mask=mask)
     else:           # a pass for the amax, then one that writes (its reads mostly from L2)
         amax = tl.zeros((BLOCK,), dtype=tl.float32)
         for k in range(0, D, BLOCK):
@@ -95,14 +83,13 @@ def _silu_and_mul_quantize_kernel(x_ptr, q_ptr, s_ptr, D, stride_x, BLOCK: tl.co
             act = silu_mul(tl.load(gate_row + k + offs, mask=mask, other=0.0),
                            tl.load(gate_row + D + k + offs, mask=mask, other=0.0))
             amax = tl.maximum(amax, tl.abs(act.to(tl.float32)))
-        scale = tl.maximum(tl.div_rn(tl.max(amax, axis=0), FP8_MAX), MIN_SCALE)
+        scale = row_scale(tl.max(amax, axis=0))
         tl.store(s_ptr + row, scale)
         for k in range(0, D, BLOCK):
             mask = offs < D - k
             act = silu_mul(tl.load(gate_row + k + offs, mask=mask, other=0.0),
                            tl.load(gate_row + D + k + offs, mask=mask, other=0.0))
-            q = tl.clamp(tl.div_rn(act.to(tl.float32), scale), -FP8_MAX, FP8_MAX)
-            tl.store(q_ptr + row * D + k + offs, q.to(tl.float8e4nv), mask=mask)
+            tl.store(q_ptr + row * D + k + offs, row_codes(act, scale), mask=mask)
 
 
 def silu_and_mul_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

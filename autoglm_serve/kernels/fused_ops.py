@@ -5,7 +5,8 @@ RMSNorms of ~9 ops each, rotary of ~20, SiLU-and-mul of 2). At decode even insid
 each costs 1.5-2.5 us, which over 40 layers is as long as the step's matrix work. These kernels
 do each of those groups in one pass, with the same rounding points as the PyTorch code (float32
 statistics, results rounded to the activation dtype where PyTorch rounds them); GLM-4's norm of a
-sublayer's output, the residual add and the next norm are one pass too (``rms_norm_pair``).
+sublayer's output, the residual add and the next norm are one pass too (``rms_norm_pair``), which
+before an FP8 layer also writes its input quantized per token (kernels/fp8_rows.py).
 
 ``ENABLED`` turns them on (and the rotary fused into the KV write, kernels/kv_write.py);
 engine/core/kernel_checks.py runs each once against its PyTorch twin at start-up and switches them off
@@ -19,6 +20,7 @@ import triton
 import triton.language as tl
 
 from autoglm_serve.kernels import next_power_of_2, pdl
+from autoglm_serve.kernels.fp8_rows import FP8, Fp8Rows, row_codes, row_scale
 from autoglm_serve.kernels.kv_write import rotate_pairs
 from autoglm_serve.kernels.pdl import wait_for_previous_grid
 
@@ -36,10 +38,10 @@ def _weighted_rms_norm(x, w, n_cols, eps):
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, first_w_ptr, amax_ptr,
-                     n_cols, eps, first_eps, HAS_RESIDUAL: tl.constexpr,
-                     NORM_X_FIRST: tl.constexpr, WRITE_AMAX: tl.constexpr, BLOCK: tl.constexpr,
-                     PDL: tl.constexpr):
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, first_w_ptr, amax_ptr, q_ptr,
+                     s_ptr, n_cols, eps, first_eps, HAS_RESIDUAL: tl.constexpr,
+                     NORM_X_FIRST: tl.constexpr, WRITE_AMAX: tl.constexpr,
+                     WRITE_CODES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     # A few rows at decode: the kernel's time is its chain of memory round trips, so every load
     # is issued up front, the weights (which no kernel writes) even before the PDL wait.
     row = tl.program_id(0).to(tl.int64)
@@ -61,25 +63,39 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, first_w_ptr, a
         tl.store(new_res_ptr + row * n_cols + cols, x, mask=mask)
     out = _weighted_rms_norm(x, w, n_cols, eps)
     tl.store(out_ptr + row * n_cols + cols, out, mask=mask)
-    if WRITE_AMAX:   # max |out| of the row as stored (columns past n_cols are 0)
-        tl.store(amax_ptr + row, tl.max(tl.abs(out.to(tl.float32)), axis=0))
+    if WRITE_AMAX:  # the next FP8 layer's input: the rows as stored, quantized per token
+        amax = tl.max(tl.abs(out.to(tl.float32)), axis=0)      # columns past n_cols are 0
+        tl.store(amax_ptr + row, amax)
+        if WRITE_CODES:
+            scale = row_scale(amax)
+            tl.store(s_ptr + row, scale)
+            tl.store(q_ptr + row * n_cols + cols, row_codes(out, scale), mask=mask)
 
 
-def _launch_rms_norm(x, weight, eps, residual, first_weight, first_eps, row_amax=False):
+def _launch_rms_norm(x, weight, eps, residual, first_weight, first_eps, fp8=False):
     x = x.contiguous()
     n_cols = x.shape[-1]
     rows = x.numel() // n_cols
     out = torch.empty_like(x)
     new_res = torch.empty_like(x) if residual is not None else out
-    amax = torch.empty(rows, dtype=torch.float32, device=x.device) if row_amax else None
+    fp8_rows = None
+    codes = fp8 and rows > 1      # one row goes to the FP8 GEMV, which quantizes it itself
+    if fp8:
+        fp8_rows = Fp8Rows(
+            torch.empty(rows, n_cols, dtype=FP8, device=x.device) if codes else None,
+            torch.empty(rows, 1, dtype=torch.float32, device=x.device) if codes else None,
+            torch.empty(rows, dtype=torch.float32, device=x.device))
+    amax = fp8_rows.amax if fp8 else out
     _rms_norm_kernel[(rows,)](x, residual.contiguous() if residual is not None else x, weight, out,
                               new_res, first_weight if first_weight is not None else weight,
-                              amax if row_amax else out, n_cols, eps, first_eps,
+                              amax, fp8_rows.codes if codes else out,
+                              fp8_rows.scale if codes else out, n_cols, eps, first_eps,
                               HAS_RESIDUAL=residual is not None,
-                              NORM_X_FIRST=first_weight is not None, WRITE_AMAX=row_amax,
+                              NORM_X_FIRST=first_weight is not None, WRITE_AMAX=fp8,
+                              WRITE_CODES=codes,
                               BLOCK=next_power_of_2(n_cols), num_warps=8 if n_cols >= 2048 else 4,
                               **pdl.launch_options(x.device))
-    return out, new_res, amax
+    return out, new_res, fp8_rows
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -90,11 +106,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 
 def rms_norm_pair(x: torch.Tensor, residual: torch.Tensor, first_weight: torch.Tensor,
-                  first_eps: float, weight: torch.Tensor, eps: float, row_amax: bool = False):
-    """(norm(first_norm(x) + residual), first_norm(x) + residual, amax) in one pass; amax:
-    float32 [rows], each row's max |normed| as stored, where ``row_amax`` asks (None else): the
-    per-token scale of an FP8 layer that takes the normed rows (kernels/fp8_gemv.py)."""
-    return _launch_rms_norm(x, weight, eps, residual, first_weight, first_eps, row_amax)
+                  first_eps: float, weight: torch.Tensor, eps: float, fp8: bool = False):
+    """(norm(first_norm(x) + residual), first_norm(x) + residual, fp8_rows) in one pass;
+    fp8_rows: where ``fp8`` asks, the normed rows as stored quantized per token for an FP8 layer
+    (kernels/fp8_rows.Fp8Rows: each row's amax, and from two rows the codes and scales of
+    quantization/fp8.quantize_rows), else None."""
+    return _launch_rms_norm(x, weight, eps, residual, first_weight, first_eps, fp8)
 
 
 @triton.jit

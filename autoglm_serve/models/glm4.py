@@ -33,18 +33,18 @@ class Glm4DecoderLayer(nn.Module):
         its post_mlp_layernorm, ``hidden_norm``. Returns this layer's MLP output, likewise before
         its post_mlp_layernorm, and the residual."""
         # an FP8 qkv or gate_up quantizes its rows per token: the norm pair before it has each
-        # row in registers and gives its amax too (the GEMV then skips its own pass over x)
+        # row in registers and writes them quantized too (and their amax, for the one-row GEMV)
         if residual is None:
-            residual, hidden, amax = hidden, self.input_layernorm(hidden), None
+            residual, hidden, fp8_rows = hidden, self.input_layernorm(hidden), None
         else:
-            hidden, residual, amax = rms_norm_pair(
+            hidden, residual, fp8_rows = rms_norm_pair(
                 hidden_norm, self.input_layernorm, hidden, residual,
-                self.self_attn.qkv_proj.linear_method.uses_row_amax)
-        hidden, residual, amax = rms_norm_pair(
+                self.self_attn.qkv_proj.linear_method.takes_fp8_rows)
+        hidden, residual, fp8_rows = rms_norm_pair(
             self.post_self_attn_layernorm, self.post_attention_layernorm,
-            self.self_attn(rope, hidden, meta, amax), residual,
-            self.mlp.gate_up_proj.linear_method.uses_row_amax)
-        return self.mlp(hidden, amax), residual
+            self.self_attn(rope, hidden, meta, fp8_rows), residual,
+            self.mlp.gate_up_proj.linear_method.takes_fp8_rows)
+        return self.mlp(hidden, fp8_rows), residual
 
 
 class Glm4Model(DecoderModel):

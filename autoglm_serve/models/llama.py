@@ -37,9 +37,9 @@ class SelfAttention(nn.Module):
         self.attn = Attention(self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, self.head_dim,
                               scale=self.head_dim ** -0.5, rotary=rotary)
 
-    def forward(self, rope, hidden, meta: AttentionMetadata, row_amax=None):
-        """row_amax: each hidden row's max |value| where the norm before computed it."""
-        qkv = self.qkv_proj(hidden, row_amax)
+    def forward(self, rope, hidden, meta: AttentionMetadata, fp8_rows=None):
+        """fp8_rows: the hidden rows quantized per token where the norm before did it."""
+        qkv = self.qkv_proj(hidden, fp8_rows)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         return self.o_proj(self.attn(q, k, v, meta, rope))
 
@@ -52,12 +52,12 @@ class GatedMLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size,
                                            linear_method=linear_method, dtype=dtype)
 
-    def forward(self, x, row_amax=None):
+    def forward(self, x, fp8_rows=None):
         # at decode one GEMV computes silu(gate) * up without writing the [gate | up] projection
-        act = self.gate_up_proj.linear_method.apply_gated_silu(self.gate_up_proj, x, row_amax)
+        act = self.gate_up_proj.linear_method.apply_gated_silu(self.gate_up_proj, x, fp8_rows)
         if act is not None:
             return self.down_proj(act)
-        return self.down_proj.forward_silu_and_mul(self.gate_up_proj(x, row_amax))
+        return self.down_proj.forward_silu_and_mul(self.gate_up_proj(x, fp8_rows))
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -8,14 +8,16 @@ From a compressed-tensors float-quantized checkpoint the e4m3 weight and its sca
 are; with ``quantize_at_load`` (``--quantization fp8`` on a 16-bit checkpoint) the layer loads
 the 16-bit weight and quantizes it once all of it is there. Each step is a fixed sequence of
 kernels on fixed shapes (amax, divide, cast, scaled GEMM; on CUDA one Triton kernel for the
-quantization, kernels/fp8_quant.py; for a few rows the FP8 decode GEMV, kernels/fp8_gemv.py; for
-a decode batch's rows, where it measured faster, the split-K GEMM of kernels/fp8_gemm.py): no
+quantization, kernels/fp8_quant.py, or none where the fused norm before the layer wrote the rows
+quantized, kernels/fp8_rows.py; for a few rows the FP8 decode GEMV, kernels/fp8_gemv.py; for a
+decode batch's rows, where it measured faster, the split-K GEMM of kernels/fp8_gemm.py): no
 host syncs, CUDA-graph safe.
 """
 from __future__ import annotations
 
 import functools
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -23,6 +25,9 @@ from torch import nn
 from autoglm_serve.kernels import fused_kernels_on
 from autoglm_serve.models.layers.activation import silu_and_mul
 from autoglm_serve.models.layers.linear import LinearMethod
+
+if TYPE_CHECKING:     # kernels/ imports Triton, which a CPU install may lack
+    from autoglm_serve.kernels.fp8_rows import Fp8Rows
 
 logger = logging.getLogger(__name__)
 
@@ -42,20 +47,21 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-               bias: torch.Tensor | None, row_amax: torch.Tensor | None = None) -> torch.Tensor:
+               bias: torch.Tensor | None, fp8_rows: Fp8Rows | None = None) -> torch.Tensor:
     """x [..., K] (16/32-bit), weight e4m3 [N, K], weight_scale float32 [N] -> [..., N].
-    row_amax: each row's max |x| where the kernel that wrote x computed it (the decode GEMV,
-    or the quantization before ``_scaled_mm``, then skips its own pass over x), else None."""
+    fp8_rows: x quantized per token by the kernel that wrote it (GLM's fused norm pair before
+    qkv and gate_up), else None (quantized here)."""
     shape = x.shape
     gemv = _decode_gemv(x, weight, bias, gated=False)
     if gemv is not None:      # a few rows: the FP8 decode GEMV, quantizing x inside
-        return gemv.fp8_gemv(x, weight, weight_scale, bias, row_amax=row_amax)
+        return gemv.fp8_gemv(x, weight, weight_scale, bias,
+                             row_amax=None if fp8_rows is None else fp8_rows.amax)
     x2 = x.reshape(-1, shape[-1])
-    quant = _quant_kernels(x)
-    if quant is not None:     # one kernel for the per-token quantization
-        xq, x_scale = quant.quantize_rows(x2, None if row_amax is None else row_amax.view(-1))
+    if fp8_rows is not None and fp8_rows.codes is not None:
+        xq, x_scale = fp8_rows.codes, fp8_rows.scale
     else:
-        xq, x_scale = quantize_rows(x2)
+        quant = _quant_kernels(x)
+        xq, x_scale = quant.quantize_rows(x2) if quant is not None else quantize_rows(x2)
     out = scaled_gemm(xq, x_scale, weight, weight_scale, bias, x.dtype)
     return out.reshape(*shape[:-1], weight.shape[0])
 
@@ -166,7 +172,7 @@ def _decode_gemv(x, weight, bias, gated):
 
 
 class Fp8LinearMethod(LinearMethod):
-    uses_row_amax = True
+    takes_fp8_rows = True
 
     def __init__(self, quantize_at_load: bool, params_dtype: torch.dtype):
         self.quantize_at_load = quantize_at_load
@@ -194,16 +200,17 @@ class Fp8LinearMethod(LinearMethod):
         elif not bool(torch.isfinite(layer.weight_scale.data).all()):
             raise ValueError("FP8 weight scales are not finite")
 
-    def apply(self, layer, x, bias, row_amax=None):
-        return fp8_linear(x, layer.weight, layer.weight_scale, bias, row_amax)
+    def apply(self, layer, x, bias, fp8_rows=None):
+        return fp8_linear(x, layer.weight, layer.weight_scale, bias, fp8_rows)
 
     def apply_to_silu_and_mul(self, layer, gate_up, bias):
         return fp8_linear_of_silu_and_mul(gate_up, layer.weight, layer.weight_scale, bias)
 
-    def apply_gated_silu(self, layer, x, row_amax=None):
+    def apply_gated_silu(self, layer, x, fp8_rows=None):
         if layer.bias is not None:
             return None
         gemv = _decode_gemv(x, layer.weight, None, gated=True)
         if gemv is None:
             return None
-        return gemv.fp8_gated_gemv(x, layer.weight, layer.weight_scale, row_amax=row_amax)
+        return gemv.fp8_gated_gemv(x, layer.weight, layer.weight_scale,
+                                   row_amax=None if fp8_rows is None else fp8_rows.amax)

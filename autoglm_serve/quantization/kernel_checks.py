@@ -193,22 +193,25 @@ def check_fp8_gemm(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def check_fp8_quant(device: torch.device, dtype: torch.dtype) -> bool:
-    """The activation quantization before ``_scaled_mm`` (kernels/fp8_quant.py), with and
-    without the row amax, and fused with SiLU-and-mul, against the torch ops bit for bit: they
-    decide every e4m3 code. Sets ``fp8_quant.ENABLED = False`` (the torch ops then run) on a
-    failure or a difference; returns ``ENABLED``."""
+    """The FP8 activation quantization kernels (kernels/fp8_quant.py, and the codes the fused
+    norm pair writes for the FP8 layer after it), each against the torch ops bit for bit: they
+    decide every e4m3 code. Sets ``fp8_quant.ENABLED = False`` (the torch ops then run, and the
+    norms write no codes) on a failure or a difference; returns ``ENABLED``."""
     try:
         gen = torch.Generator().manual_seed(0)
         x = (torch.randn(6, 1000, generator=gen) * torch.logspace(-3, 2, 6)[:, None]).to(
             device, dtype)
         x[2] = 0                  # the minimum scale
         gate_up = torch.randn(5, 2 * 1000, generator=gen).to(device, dtype)
-        # the fused product against the SiLU kernel's (check_fused_ops compares that one
-        # with PyTorch's; without it the layers run neither)
+        norm_w = (torch.rand(1000, generator=gen) + 0.5).to(device, dtype)
+        normed, _, fp8_rows = fused_ops.rms_norm_pair(x, x.flip(0), norm_w, 1e-5, norm_w, 1e-6,
+                                                      fp8=True)
+        # the fused product against the SiLU kernel's, the norm's codes against its own output
+        # (check_fused_ops compares those with PyTorch's; without it the layers run neither)
         cases = [(quantize_rows(x), fp8_quant.quantize_rows(x)),
-                 (quantize_rows(x), fp8_quant.quantize_rows(x, x.float().abs().amax(dim=-1))),
                  (quantize_rows(fused_ops.silu_and_mul(gate_up)),
-                  fp8_quant.silu_and_mul_quantize(gate_up))]
+                  fp8_quant.silu_and_mul_quantize(gate_up)),
+                 (quantize_rows(normed), (fp8_rows.codes, fp8_rows.scale))]
         for (want_q, want_s), (q, s) in cases:
             if not (torch.equal(s, want_s) and torch.equal(q.view(torch.uint8),
                                                             want_q.view(torch.uint8))):

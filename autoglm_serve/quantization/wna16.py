@@ -86,7 +86,7 @@ class WNA16LinearMethod(LinearMethod):
         layer.qweight.data = pack_last_dim(q, bits)
         layer.perm = perm.to(torch.int32 if layer.qweight.is_cuda else torch.long)
 
-    def apply(self, layer, x, bias, row_amax=None):
+    def apply(self, layer, x, bias, fp8_rows=None):
         if layer.perm is not None:
             x = x.index_select(-1, layer.perm)
         zeros = getattr(layer, "zeros", None)
@@ -107,7 +107,7 @@ class WNA16LinearMethod(LinearMethod):
         w = dequantize(layer.qweight, layer.scales, zeros, self.scheme.bits, x.dtype)
         return F.linear(x, w, bias)
 
-    def apply_gated_silu(self, layer, x, row_amax=None):
+    def apply_gated_silu(self, layer, x, fp8_rows=None):
         if layer.bias is not None or not x.is_cuda:
             return None
         if layer.perm is not None:

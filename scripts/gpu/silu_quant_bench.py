@@ -29,7 +29,7 @@ if "--smoke" in sys.argv:        # before triton is imported
 import torch  # noqa: E402
 from gemv_sweep import copies_past_l2, time_calls, use_interpreter_fixes  # noqa: E402
 
-from autoglm_serve.kernels import fp8_quant, fused_ops, next_power_of_2  # noqa: E402
+from autoglm_serve.kernels import fp8_quant, fp8_rows, fused_ops, next_power_of_2  # noqa: E402
 
 D = 13696            # AutoGLM-Phone-9B's intermediate size
 SMOKE_D = 300
@@ -39,7 +39,7 @@ def tile(x: torch.Tensor, one_tile: bool, num_warps: int) -> tuple[torch.Tensor,
     """The engine's kernel with its tile chosen here (one tile: the row in registers)."""
     m, d2 = x.shape
     d = d2 // 2
-    q = torch.empty(m, d, dtype=fp8_quant.FP8, device=x.device)
+    q = torch.empty(m, d, dtype=fp8_rows.FP8, device=x.device)
     scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
     fp8_quant._silu_and_mul_quantize_kernel[(m,)](
         x, q, scale, d, x.stride(0), BLOCK=next_power_of_2(d) if one_tile else 8192,

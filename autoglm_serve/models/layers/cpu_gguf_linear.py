@@ -87,7 +87,7 @@ class GgufBlockLinearMethod(UnquantizedLinearMethod):
     def __init__(self, block_format: int):
         self.block_format = block_format
 
-    def apply(self, layer, x, bias, row_amax=None):
+    def apply(self, layer, x, bias, fp8_rows=None):
         out = gguf_block_gemm(x, layer.weight, self.block_format)
         return out if bias is None else out + bias
 

@@ -72,7 +72,7 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tenso
 class CpuInt4LinearMethod(UnquantizedLinearMethod):
     """The dense bf16 weight plus its 4-bit form; the 4-bit kernel for a few rows."""
 
-    def apply(self, layer, x, bias, row_amax=None):
+    def apply(self, layer, x, bias, fp8_rows=None):
         if x.numel() <= MAX_INT4_ROWS * x.shape[-1] and x.dtype == torch.bfloat16:
             return int4_linear(x, layer.int4_weight, layer.int4_scales_zeros, bias)
         return super().apply(layer, x, bias)

@@ -37,7 +37,7 @@ class OneDnnLinearMethod(UnquantizedLinearMethod):
     """``layer.weight`` holds the reordered weight; every row count goes through oneDNN (the
     inherited gated-SiLU GEMV is CUDA-only, so never taken here)."""
 
-    def apply(self, layer, x, bias, row_amax=None):
+    def apply(self, layer, x, bias, fp8_rows=None):
         return onednn_linear(x, layer.weight, bias)
 
 

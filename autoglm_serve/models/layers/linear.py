@@ -8,6 +8,8 @@ by the decode GEMV kernel (kernels/gemv.py) when a few rows meet them on CUDA, e
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -16,27 +18,31 @@ from autoglm_serve.kernels import fused_kernels_on
 from autoglm_serve.models.layers.activation import silu_and_mul
 from autoglm_serve.models.layers.parallel_state import tp_rank, tp_world_size
 
+if TYPE_CHECKING:     # kernels/ imports Triton, which a CPU install may lack
+    from autoglm_serve.kernels.fp8_rows import Fp8Rows
+
 
 class LinearMethod:
-    # whether ``apply`` uses ``row_amax``, each input row's max |x|: a method that quantizes its
-    # activations per token, whose producer (a fused RMSNorm) then computes it on the way
-    uses_row_amax = False
+    # whether ``apply`` takes ``fp8_rows``, its input already quantized to e4m3 per token
+    # (kernels/fp8_rows.Fp8Rows): an FP8 method, whose producer (a fused RMSNorm) then
+    # quantizes the rows on the way
+    takes_fp8_rows = False
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int,
                        dtype: torch.dtype | None) -> None:
         raise NotImplementedError
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
-              row_amax: torch.Tensor | None = None) -> torch.Tensor:
-        """x @ weight^T + bias. row_amax: float32 [rows], max |x| of each row from the kernel
-        that wrote x, or None (where ``uses_row_amax``, the method then computes it)."""
+              fp8_rows: Fp8Rows | None = None) -> torch.Tensor:
+        """x @ weight^T + bias. fp8_rows: x quantized per token by the kernel that wrote it, or
+        None (where ``takes_fp8_rows``, the method then quantizes x itself)."""
         raise NotImplementedError
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Called once the checkpoint (or dummy weights) is in: repack, quantize, check."""
 
     def apply_gated_silu(self, layer: nn.Module, x: torch.Tensor,
-                         row_amax: torch.Tensor | None = None) -> torch.Tensor | None:
+                         fp8_rows: Fp8Rows | None = None) -> torch.Tensor | None:
         """silu(gate) * up of a [gate; up] layer in one fused pass, or None where this method has
         no such pass (the caller then applies the layer and SiluAndMul)."""
         return None
@@ -71,10 +77,10 @@ class UnquantizedLinearMethod(LinearMethod):
         layer.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype),
                                     requires_grad=False)
 
-    def apply(self, layer, x, bias, row_amax=None):
+    def apply(self, layer, x, bias, fp8_rows=None):
         return dense_linear(x, layer.weight, bias)
 
-    def apply_gated_silu(self, layer, x, row_amax=None):
+    def apply_gated_silu(self, layer, x, fp8_rows=None):
         if layer.bias is not None or not uses_gemv(x, layer.weight, gated=True):
             return None
         from autoglm_serve.kernels import gemv
@@ -88,7 +94,7 @@ class DeferredLinearMethod(LinearMethod):
     def create_weights(self, layer, in_features, out_features, dtype):
         pass
 
-    def apply(self, layer, x, bias, row_amax=None):
+    def apply(self, layer, x, bias, fp8_rows=None):
         raise RuntimeError("this linear layer was never given its quantization method")
 
 
@@ -130,8 +136,8 @@ class LinearBase(nn.Module):
             if name != "bias" and not hasattr(param, "weight_loader"):
                 param.weight_loader = self.weight_loader
 
-    def forward(self, x: torch.Tensor, row_amax: torch.Tensor | None = None) -> torch.Tensor:
-        return self.linear_method.apply(self, x, self.bias, row_amax)
+    def forward(self, x: torch.Tensor, fp8_rows: Fp8Rows | None = None) -> torch.Tensor:
+        return self.linear_method.apply(self, x, self.bias, fp8_rows)
 
     def weight_loader(self, param, loaded, shard_id=None):
         default_weight_loader(param, loaded)

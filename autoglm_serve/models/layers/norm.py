@@ -36,13 +36,21 @@ class RMSNorm(nn.Module):
 
 
 def rms_norm_pair(first: RMSNorm, second: RMSNorm, x: torch.Tensor, residual: torch.Tensor,
-                  row_amax: bool = False):
+                  fp8: bool = False):
     """second(first(x), residual): a sublayer output's own norm, the residual add and the next
-    norm (GLM-4's sandwich norms), one kernel when fused. Returns (normed sum, sum, amax): amax
-    is each normed row's max |value| (float32 [rows]) where ``row_amax`` asks and the kernel
-    is fused, else None (an FP8 layer taking the rows then computes it itself)."""
+    norm (GLM-4's sandwich norms), one kernel when fused. Returns (normed sum, sum, fp8_rows):
+    where ``fp8`` asks and the kernel is fused, the normed rows quantized per token for the FP8
+    layer that takes them (kernels/fp8_rows.Fp8Rows), else None (the layer then quantizes them
+    itself)."""
     fused = fused_ops_for(x)
     if fused is not None:
         return fused.rms_norm_pair(x, residual, first.weight, first.eps, second.weight,
-                                   second.eps, row_amax)
+                                   second.eps, fp8 and fp8_quantization_on())
     return *second(first(x), residual), None
+
+
+def fp8_quantization_on() -> bool:
+    """Whether the fused FP8 quantization passed its start-up check (kernels/fp8_quant.py):
+    the norm's codes are one of its kernels."""
+    from autoglm_serve.kernels import fp8_quant
+    return fp8_quant.ENABLED
