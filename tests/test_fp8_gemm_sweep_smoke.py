@@ -28,6 +28,10 @@ def test_fp8_gemm_sweep_smoke_runs():
     # a TUNED entry per (rows bucket, shape) past the GEMV's rows
     assert r.stdout.count("(64, 96, 160): ") == 1 and r.stdout.count("(128, 64, 300): ") == 1
     assert "(16, 96, 160): " not in r.stdout
+    # and a verdict for each of the GEMV's keys at 3 rows (bucket 4)
+    for key in ("('linear', 4, 96, 160)", "('gated', 4, 64, 160)", "('linear', 4, 128, 160)",
+                "('linear', 4, 64, 300)"):
+        assert r.stdout.count(key + ": ") == 1, key
 
 
 def test_tuned_table_shares_configs_within_three_percent():
@@ -50,3 +54,31 @@ def test_tuned_table_shares_configs_within_three_percent():
     assert lines[1].startswith("    (32, 96, 64): GemmConfig(32, 64, 256, 2, 4, 3),")
     assert lines[2].startswith("    (64, 96, 64): GemmConfig(32, 64, 256, 2, 4, 3),")
     assert lines[3].startswith("    (128, 96, 64): None,")
+
+
+def test_gemv_decisions_count_what_the_gemm_path_runs_around_its_gemms():
+    """One row: qkv's input is quantized on its own (the norm gives it the amax only); from two
+    rows it comes quantized from the norm. The MLP goes one way for gate_up and its plain twin;
+    down follows gate_up's GEMM path, or is weighed on its own after the gated GEMV."""
+    sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+    from fp8_gemm_sweep import gemv_decisions
+
+    def row(shape, m, n, k, gemv, gemm, quantize, silu=None):
+        r = {"shape": shape, "m": m, "n": n, "k": k, "fp8_gemv_us": gemv,
+             "split_k_best_us": gemm, "scaled_mm_us": gemm + 5, "quantize_us": quantize}
+        return r if silu is None else {**r, "silu_quantize_us": silu}
+    rows = [row("qkv", 1, 4608, 4096, 11.0, 10.0, 2.0),         # 10 + 2 > 11: keep
+            row("qkv", 2, 4608, 4096, 11.0, 10.0, 2.0),         # 10 < 11: GEMM
+            row("gate_up", 2, 27392, 4096, 50.0, 40.0, 2.0, 6.0),
+            row("down", 2, 4096, 13696, 40.0, 22.0, 7.0),       # 40 + 6 + 22 < 50 + 40
+            row("gate_up", 1, 27392, 4096, 40.0, 40.0, 2.0, 6.0),
+            row("down", 1, 4096, 13696, 22.0, 21.0, 3.0)]       # keep; down alone 3 + 21 > 22
+    lines = "\n".join(gemv_decisions(rows))
+    assert "# ('linear', 1, 4608, 4096): keep the GEMV, GEMV 11.0; quantize 2.0 + GEMM 10.0" in lines
+    assert "    ('linear', 2, 4608, 4096): None,  # GEMV 11.0; quantize 0.0 + GEMM 10.0" in lines
+    for key in ("('gated', 2, 13696, 4096)", "('linear', 2, 27392, 4096)",
+                "('linear', 2, 4096, 13696)"):
+        assert f"    {key}: None," in lines, key
+    for key in ("('gated', 1, 13696, 4096)", "('linear', 1, 27392, 4096)",
+                "('linear', 1, 4096, 13696)"):
+        assert f"# {key}: keep the GEMV" in lines, key

@@ -12,7 +12,8 @@ engine calls it); at the FP8 GEMV's row counts the GEMV and the kernels the GEMM
 around it (``gemv_path``); then the engine's split-K GEMM over tile configs (each first checked
 against ``_scaled_mm``). CUDA-graph replays over weight copies past L2, as
 scripts/gpu/gemv_sweep.py. A JSON line per (M, shape); at the end the TUNED entries
-(``tuned_table``).
+(``tuned_table``), and at the GEMV's row counts which way each layer should go
+(``gemv_decisions``, for kernels/fp8_gemv.py's TUNED).
 """
 from __future__ import annotations
 
@@ -159,6 +160,61 @@ def tuned_table(rows: list[dict], near: float = 0.03) -> list[str]:
     return lines
 
 
+def gemv_decisions(rows: list[dict]) -> list[str]:
+    """kernels/fp8_gemv.py's TUNED verdicts at its row counts: None where the kernels of the
+    GEMM path take less time than the GEMV, else a comment to keep it (its tile is
+    scripts/gpu/quant_gemv_bench.py's to tune). What the GEMM path costs beside its GEMMs, as
+    the engine runs it: qkv's and gate_up's inputs come quantized from the norm pair before
+    them from two rows (kernels/fp8_rows.py), one row gets its amax alone and is quantized on
+    its own; o_proj's input is always quantized on its own; down's by SiLU-and-mul's kernel
+    where gate_up takes the GEMM path, on its own after the gated GEMV. The GEMM is the
+    faster of the best split-K config and ``_scaled_mm``."""
+    at = {(r["shape"], r["m"]): r for r in rows if "fp8_gemv_us" in r}
+
+    def gemm(shape, m):
+        r = at[(shape, m)]
+        return min(t for t in (r["split_k_best_us"], r["scaled_mm_us"]) if t is not None)
+
+    def line(key, verdict, why):
+        return (f"    {key}: None,  # {why}" if verdict else f"    # {key}: keep the GEMV, {why}")
+
+    lines = []
+    for m in sorted({m for _, m in at}):
+        for shape, norm_quantizes in (("qkv", m > 1), ("o_proj", False)):
+            if (shape, m) not in at:
+                continue
+            r = at[(shape, m)]
+            quantize = 0.0 if norm_quantizes else r["quantize_us"]
+            path = round(gemm(shape, m) + quantize, 1)
+            lines.append(line(fp8_gemv._tuned_key(m, r["n"], r["k"], False),
+                              path < r["fp8_gemv_us"],
+                              f"GEMV {r['fp8_gemv_us']}; quantize {quantize} + GEMM "
+                              f"{gemm(shape, m)} = {path}"))
+        if ("gate_up", m) in at and ("down", m) in at:
+            up, down = at[("gate_up", m)], at[("down", m)]
+            quantize = 0.0 if m > 1 else up["quantize_us"]
+            gemvs = round(up["fp8_gemv_us"] + down["fp8_gemv_us"], 1)
+            path = round(quantize + gemm("gate_up", m) + up["silu_quantize_us"]
+                         + gemm("down", m), 1)
+            why = (f"gated GEMV {up['fp8_gemv_us']} + down GEMV {down['fp8_gemv_us']} = "
+                   f"{gemvs}; quantize {quantize} + GEMM {gemm('gate_up', m)} + SiLU quantize "
+                   f"{up['silu_quantize_us']} + GEMM {gemm('down', m)} = {path}")
+            # a declined gated GEMV leaves gate_up to the plain linear: decline that one too
+            for key in (fp8_gemv._tuned_key(m, up["n"] // 2, up["k"], True),
+                        fp8_gemv._tuned_key(m, up["n"], up["k"], False)):
+                lines.append(line(key, path < gemvs, why))
+            down_path = round(down["quantize_us"] + gemm("down", m), 1)
+            down_key = fp8_gemv._tuned_key(m, down["n"], down["k"], False)
+            if path < gemvs:    # down's input comes from the SiLU kernel, quantized
+                lines.append(line(down_key, True, "with gate_up's GEMM path"))
+            else:
+                lines.append(line(down_key, down_path < down["fp8_gemv_us"],
+                                  f"after the gated GEMV: GEMV {down['fp8_gemv_us']}; quantize "
+                                  f"{down['quantize_us']} + GEMM {gemm('down', m)} = "
+                                  f"{down_path}"))
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ms", default="256,16,64,32,128,512")
@@ -178,6 +234,8 @@ def main() -> None:
     print("TUNED = {")
     print("\n".join(tuned_table(rows)))
     print("}")
+    print("kernels/fp8_gemv.py TUNED, at its row counts:")
+    print("\n".join(gemv_decisions(rows)))
 
 
 if __name__ == "__main__":
