@@ -17,13 +17,14 @@ require_gpu_or_interpreter()
 pytestmark = pytest.mark.usefixtures("triton_interpreter_fixes")
 
 # K = 200: BLOCK_K 64 and 128 leave a partial last chunk; N = 37 a partial tile of N; 3 rows
-# fill part of one 16-row tile (the 2-8 rows the FP8 GEMV leaves to this kernel)
+# fill part of one 16-row tile (the 1-8 rows the FP8 GEMV may leave to this kernel), 1 row the
+# least of it
 CONFIGS = [GemmConfig(16, 32, 64), GemmConfig(32, 16, 128, split_k=2),
            GemmConfig(16, 32, 64, split_k=3)]
 
 
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("m", [3, 9, 40])
+@pytest.mark.parametrize("m", [1, 3, 9, 40])
 def test_fp8_gemm_keeps_w8a8_numerics(bias, m):
     """The e4m3 products of the W8A8 reference, summed in fp32: only the order differs."""
     g = torch.Generator().manual_seed(0)
@@ -60,10 +61,13 @@ def test_untuned_shapes_stay_on_scaled_mm(monkeypatch):
     assert fp8_gemm.select_config(20, 4608, 4096) == GemmConfig(32, 128, 128, 4)
     assert fp8_gemm.select_config(20, 4096, 4096) is None       # another shape
     assert fp8_gemm.select_config(40, 4608, 4096) is None       # another rows bucket
-    assert fp8_gemm.select_config(1, 4608, 4096) is None        # the FP8 GEMV's one row
-    # fewer rows than the smallest tile run the 16-row tiles
+    assert fp8_gemm.select_config(1, 4608, 4096) is None        # the 16-row bucket
+    # fewer rows than the smallest tile run the 16-row tiles (where the FP8 GEMV's TUNED leaves
+    # them to this GEMM: kernels/fp8_gemv.py decides that)
     monkeypatch.setattr(fp8_gemm, "TUNED", {(16, 4608, 4096): GemmConfig(16, 64, 128, 4)})
+    assert fp8_gemm.select_config(1, 4608, 4096) == GemmConfig(16, 64, 128, 4)
     assert fp8_gemm.select_config(2, 4608, 4096) == GemmConfig(16, 64, 128, 4)
+    assert fp8_gemm.select_config(513, 4608, 4096) is None      # past MAX_ROWS
 
 
 def test_a_declined_gated_gemv_leaves_gate_up_to_the_gemm():
@@ -102,7 +106,7 @@ SHAPES = {"qkv": (4608, 4096), "o_proj": (4096, 4096), "gate_up": (27392, 4096),
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [2, 16, 48, 256, 500])
+@pytest.mark.parametrize("m", [1, 2, 16, 48, 256, 500])
 def test_compiled_fp8_gemm_at_the_model_shapes(m):
     """The compiled kernel (Hopper's e4m3 tensor cores) on AutoGLM's four linear shapes, with
     and without split-K; the same inputs give the same bits twice (the split-K sum order is

@@ -1,13 +1,12 @@
-"""Split-K FP8 W8A8 GEMM for decode batches of 2..512 rows: e4m3 activations with one fp32
-scale per row (quantized before, kernels/fp8_quant.py) times an e4m3 [N, K] weight with one fp32
+"""Split-K FP8 W8A8 GEMM for decode batches of up to 512 rows: e4m3 activations with one fp32
+scale per row (quantized before: kernels/fp8_quant.py, or the norm, kernels/fp8_rows.py) times an e4m3 [N, K] weight with one fp32
 scale per output channel, + bias, in the activation's dtype.
 
 There ``torch._scaled_mm`` is bound by the serial K loop of too few programs, not by bytes or
 FLOPs: on the H200 cuBLAS's 128 x 128 tiles give qkv and o_proj ~13.5 us at every M up to 256,
 where their 17-19 MB of weights need ~3.8 us, and down ~35 us up to 128 rows (~12 us of bytes)
-(BENCHMARKS.md, twenty-first session). From 2 to 8 rows the FP8 GEMV (kernels/fp8_gemv.py),
-which quantizes its activations inside the K loop of every program, was slower than the
-quantization kernel and this GEMM together (kernels/fp8_gemv.py's TUNED says where). Here the K
+(BENCHMARKS.md, twenty-first session). Up to 8 rows the FP8 GEMV (kernels/fp8_gemv.py) takes a
+layer where its TUNED keeps it (one row, on an H100), and this GEMM the rest. Here the K
 chunks of a tile are split over SPLIT_K programs, as in the GEMVs (kernels/gemv.py): each writes
 its fp32 partial, and the last of a tile's programs to finish sums them in split order
 (deterministic) and writes the output. One launch, fixed workspaces per shape (the GEMVs'):
@@ -39,7 +38,6 @@ from autoglm_serve.kernels.gemv import finish_split_k, split_k_range, workspace
 from autoglm_serve.kernels.pdl import wait_for_previous_grid
 
 ENABLED = True
-MIN_ROWS = 2          # one row: the FP8 GEMV's CUDA-core path (kernels/fp8_gemv.py)
 MAX_ROWS = 512        # more: _scaled_mm's large tiles have programs enough
 MIN_TILE_ROWS = 16    # the narrow side of an e4m3 MMA
 DTYPES = (torch.bfloat16, torch.float16)
@@ -97,7 +95,7 @@ def rows_bucket(m: int) -> int:
 
 def select_config(m: int, n: int, k: int) -> GemmConfig | None:
     """The tuned config of this shape, or None (``_scaled_mm`` runs)."""
-    if not MIN_ROWS <= m <= MAX_ROWS:
+    if not 1 <= m <= MAX_ROWS:
         return None
     return TUNED.get((rows_bucket(m), n, k))
 
