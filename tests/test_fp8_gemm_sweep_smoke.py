@@ -2,20 +2,14 @@
 interpreter, tiny shapes, partial tiles), so the H200 run does not fail on a typo, and the
 split-K GEMM agrees with _scaled_mm there."""
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from gpu_script_smoke import ROOT, run_smoke
 
 
 def test_fp8_gemm_sweep_smoke_runs():
-    r = subprocess.run([sys.executable, "scripts/gpu/fp8_gemm_sweep.py", "--smoke"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    out = run_smoke("fp8_gemm_sweep.py")
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert {(row["shape"], row["m"]) for row in rows} == {
         (s, m) for s in ("qkv", "gate_up", "down") for m in (3, 40, 70)}
     for row in rows:
@@ -24,14 +18,14 @@ def test_fp8_gemm_sweep_smoke_runs():
         # the FP8 GEMV's rows: its time and the quantization the GEMM would add
         assert (row["m"] == 3) == ("fp8_gemv_us" in row) == ("quantize_us" in row), row
         assert ("silu_quantize_us" in row) == (row["m"] == 3 and row["shape"] == "gate_up")
-    assert "0 configs disagreed with _scaled_mm" in r.stdout
+    assert "0 configs disagreed with _scaled_mm" in out
     # a TUNED entry per (rows bucket, shape) past the GEMV's rows
-    assert r.stdout.count("(64, 96, 160): ") == 1 and r.stdout.count("(128, 64, 300): ") == 1
-    assert "(16, 96, 160): " not in r.stdout
+    assert out.count("(64, 96, 160): ") == 1 and out.count("(128, 64, 300): ") == 1
+    assert "(16, 96, 160): " not in out
     # and a verdict for each of the GEMV's keys at 3 rows (bucket 4)
     for key in ("('linear', 4, 96, 160)", "('gated', 4, 64, 160)", "('linear', 4, 128, 160)",
                 "('linear', 4, 64, 300)"):
-        assert r.stdout.count(key + ": ") == 1, key
+        assert out.count(key + ": ") == 1, key
 
 
 def test_tuned_table_shares_configs_within_three_percent():

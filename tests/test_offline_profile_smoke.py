@@ -2,20 +2,13 @@
 GLM-4.1V, two step budgets on one engine): the core's record of every step must account for
 every token the batch computed, and a smaller budget must split the prompts into more steps."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from gpu_script_smoke import run_smoke
 
 
 def test_offline_profile_smoke_runs():
-    r = subprocess.run([sys.executable, "scripts/gpu/offline_profile.py", "--smoke"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
-    assert r.returncode == 0, r.stdout[-3000:]
-    lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    out = run_smoke("offline_profile.py")
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     runs = {x["budget"]: x for x in lines if x["kind"] == "run"}
     assert sorted(runs) == [64, 256]
     for run in runs.values():

@@ -2,23 +2,16 @@
 interpreter, tiny rows, a partial tile), so the device call does not fail on a typo, and every
 tile it times gives the two kernels' codes and scales bit for bit there."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from gpu_script_smoke import run_smoke
 
 
 def test_silu_quant_bench_smoke_runs():
-    r = subprocess.run([sys.executable, "scripts/gpu/silu_quant_bench.py", "--smoke"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    out = run_smoke("silu_quant_bench.py")
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert [row["rows"] for row in rows] == [3, 5]
     for row in rows:
         for name in ("two_kernels", "engine", "two_pass_8192x16", "one_tile_8w", "one_tile_16w",
                      "one_tile_32w"):
             assert isinstance(row[name], float) and row[name] > 0, (name, row)
-    assert "0 variants differed from the two kernels" in r.stdout
+    assert "0 variants differed from the two kernels" in out
