@@ -68,7 +68,8 @@ def test_gemv_decisions_count_what_the_gemm_path_runs_around_its_gemms():
             row("gate_up", 1, 27392, 4096, 40.0, 40.0, 2.0, 6.0),
             row("down", 1, 4096, 13696, 22.0, 21.0, 3.0)]       # keep; down alone 3 + 21 > 22
     lines = "\n".join(gemv_decisions(rows))
-    assert "# ('linear', 1, 4608, 4096): keep the GEMV, GEMV 11.0; quantize 2.0 + GEMM 10.0" in lines
+    assert ("# ('linear', 1, 4608, 4096): keep the GEMV, GEMV 11.0; quantize 2.0 + GEMM 10.0"
+            in lines)
     assert "    ('linear', 2, 4608, 4096): None,  # GEMV 11.0; quantize 0.0 + GEMM 10.0" in lines
     for key in ("('gated', 2, 13696, 4096)", "('linear', 2, 27392, 4096)",
                 "('linear', 2, 4096, 13696)"):

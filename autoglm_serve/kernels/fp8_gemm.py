@@ -1,6 +1,7 @@
 """Split-K FP8 W8A8 GEMM for decode batches of up to 512 rows: e4m3 activations with one fp32
-scale per row (quantized before: kernels/fp8_quant.py, or the norm, kernels/fp8_rows.py) times an e4m3 [N, K] weight with one fp32
-scale per output channel, + bias, in the activation's dtype.
+scale per row (quantized before, by kernels/fp8_quant.py or by the norm, kernels/fp8_rows.py)
+times an e4m3 [N, K] weight with one fp32 scale per output channel, + bias, in the activation's
+dtype.
 
 There ``torch._scaled_mm`` is bound by the serial K loop of too few programs, not by bytes or
 FLOPs: on the H200 cuBLAS's 128 x 128 tiles give qkv and o_proj ~13.5 us at every M up to 256,

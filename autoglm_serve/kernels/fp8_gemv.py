@@ -1,7 +1,8 @@
 """Decode GEMV for FP8 W8A8: e4m3 weights with one fp32 scale per output channel, activations
-quantized per token inside the kernel, for 1..MAX_ROWS rows where TUNED keeps it (elsewhere
-quantization/fp8.py quantizes the activations in a kernel of their own and multiplies them with
-kernels/fp8_gemm.py's split-K GEMM or ``torch._scaled_mm``, whose numerics this kernel keeps).
+quantized per token inside the kernel, for 1..MAX_ROWS rows where TUNED keeps it (elsewhere the
+activations come quantized, from the norm before the layer or a kernel of their own, and
+quantization/fp8.py multiplies them with kernels/fp8_gemm.py's split-K GEMM or
+``torch._scaled_mm``, whose numerics this kernel keeps).
 
 At M = 1 the ``_scaled_mm`` path is 4 torch ops for the activation's scale and cast plus a GEMM
 tuned for large M: slower than the bf16 GEMV despite half the bytes. Here, as kernels/gemv.py
@@ -25,8 +26,8 @@ workspaces):
   partials may be scaled each), then bias or SiLU gating as in the bf16 GEMV.
 
 ``TUNED`` is keyed (kind, rows bucket, N, K), filled by scripts/gpu/quant_gemv_bench.py; None
-there means the quantization kernel and a GEMM were faster (kernels/fp8_gemm.py's split-K GEMM,
-or ``_scaled_mm``). quantization/kernel_checks.py compares the kernel against
+there means the activations' quantization and a GEMM were faster (kernels/fp8_gemm.py's split-K
+GEMM, or ``_scaled_mm``). quantization/kernel_checks.py compares the kernel against
 the W8A8 reference at start-up and sets ``ENABLED = False`` on a problem.
 """
 from __future__ import annotations
@@ -48,13 +49,15 @@ MAX_ROWS = 8
 DOT_MIN_ROWS = 16
 DTYPES = (torch.bfloat16, torch.float16)
 
-# (kind, rows bucket, N, K) -> config, or None: the activations' quantization kernel, then
+# (kind, rows bucket, N, K) -> config, or None: the activations quantized (by the norm pair
+# before qkv and gate_up from two rows since fec97e0, else by a kernel of their own), then
 # kernels/fp8_gemm.py's split-K GEMM where it has the shape, else _scaled_mm. One row: from the
 # H200 (scripts/gpu/quant_gemv_bench.py, 2026-12-01; comments: this config, _scaled_mm). 2-8
 # rows: the quantization and the split-K GEMM won on an H100 (scripts/gpu/fp8_gemm_sweep.py
-# --ms 8,2,1,4, 2026-12-05; us, with gate_up's SiLU-and-mul quantization, which also quantizes
-# down's input); one row there: GEMV qkv 11.7, o_proj 8.7, gate_up + down 72.2 against 12.6,
-# 10.9 and 72.9, so the GEMV stays.
+# --ms 8,2,1,4, 2026-12-05, before fec97e0: every "quantize" below ran as a kernel then; us,
+# with gate_up's SiLU-and-mul quantization, which also quantizes down's input); one row there:
+# GEMV qkv 11.7, o_proj 8.7, gate_up + down 72.2 against 12.6, 10.9 and 72.9, so the GEMV
+# stays. scripts/gpu/fp8_gemm_sweep.py's gemv_decisions prints these verdicts.
 TUNED: dict[tuple[str, int, int, int], GemvConfig | None] = {
     ('gated', 1, 13696, 4096): GemvConfig(8, 512, 1, 4, 3, False),  # 40.6 us, _scaled_mm 51.8
     ('gated', 2, 13696, 4096): None,  # GEMV 57.1; quantize 2.2 + GEMM 40.2 + SiLU quantize 7.6

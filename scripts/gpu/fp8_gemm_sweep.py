@@ -36,6 +36,7 @@ from gemv_sweep import (copies_past_l2, splits_for, time_calls,  # noqa: E402
                         use_interpreter_fixes)
 
 from autoglm_serve.kernels import fp8_gemv, fp8_quant  # noqa: E402
+from autoglm_serve.kernels import fp8_gemm as split_k_gemm  # noqa: E402
 from autoglm_serve.kernels.fp8_gemm import (MIN_TILE_ROWS, GemmConfig, fp8_gemm,  # noqa: E402
                                             rows_bucket)
 from autoglm_serve.quantization.fp8 import quantize_rows, scaled_gemm  # noqa: E402
@@ -168,7 +169,9 @@ def gemv_decisions(rows: list[dict]) -> list[str]:
     them from two rows (kernels/fp8_rows.py), one row gets its amax alone and is quantized on
     its own; o_proj's input is always quantized on its own; down's by SiLU-and-mul's kernel
     where gate_up takes the GEMM path, on its own after the gated GEMV. The GEMM is the
-    faster of the best split-K config and ``_scaled_mm``."""
+    faster of the best split-K config and ``_scaled_mm``; the GEMV runs its TUNED config, or
+    its default tiles where TUNED has None, so a verdict against a declined GEMV stands only
+    once quant_gemv_bench.py has tuned it."""
     at = {(r["shape"], r["m"]): r for r in rows if "fp8_gemv_us" in r}
 
     def gemm(shape, m):
@@ -223,6 +226,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.smoke:
         use_interpreter_fixes()
+    # the peer is _scaled_mm as the engine calls it: scaled_gemm would otherwise take the
+    # split-K GEMM where the TUNED table this sweep remakes has the shape (and the configs'
+    # reference would be that kernel); the sweep calls the configs itself
+    split_k_gemm.ENABLED = False
     shapes = SMOKE_SHAPES if args.smoke else SHAPES
     ms = [3, 40, 70] if args.smoke else [int(m) for m in args.ms.split(",")]
     gen = torch.Generator(device="cpu" if args.smoke else "cuda").manual_seed(0)
