@@ -84,6 +84,13 @@ def _translucent() -> Image.Image:
     return image
 
 
+def _one_pixel_nearly_opaque() -> Image.Image:
+    """Opaque but one white pixel of alpha 254: the largest pixel word short of opaque."""
+    image = _opaque_rgba()
+    image.putpixel((36, 22), (255, 255, 255, 254))
+    return image
+
+
 def _animated() -> bytes:
     buf = io.BytesIO()
     first, second = _random("RGB"), _random("RGB")
@@ -93,6 +100,7 @@ def _animated() -> bytes:
 
 @pytest.mark.parametrize("name,data", [
     ("translucent rgba", _png(_translucent())),
+    ("rgba, one pixel of alpha 254", _png(_one_pixel_nearly_opaque())),
     ("rgb with a colour key", _png(_random("RGB"), transparency=(1, 2, 3))),
     ("palette", _png(_random("RGB").convert("P"))),
     ("grey", _png(Image.fromarray(RNG.integers(0, 256, (23, 37), dtype=np.uint8), "L"))),

@@ -43,7 +43,19 @@ def spng_rgb_pixels(header: Image.Image, data: bytes) -> torch.Tensor | None:
     except RuntimeError as exc:
         raise PngDecodeError(str(exc)) from None
     if rgba:
-        if not (pixels[..., 3] == 255).all():
+        # alpha is the high byte of each pixel read as a little-endian uint32: one reduction
+        # over contiguous words, 0.15 ms here against 1.7 for pixels[..., 3] == 255
+        if pixels.view("<u4").min() < 0xFF000000:
             return None     # translucent: composited over white by Pillow's rule
-        pixels = np.ascontiguousarray(pixels[..., :3])
+        pixels = _without_alpha(pixels)
     return torch.from_numpy(pixels)
+
+
+def _without_alpha(rgba: np.ndarray) -> np.ndarray:
+    """(H, W, 3) copy of an (H, W, 4) array, a channel at a time: NumPy copies a 3-byte
+    innermost run of a strided view a pixel at a time (18 ms for a 1080x2400 screenshot
+    here), a whole channel's strided run in one loop (2.6 ms)."""
+    rgb = np.empty(rgba.shape[:2] + (3,), dtype=rgba.dtype)
+    for channel in range(3):
+        rgb[..., channel] = rgba[..., channel]
+    return rgb
