@@ -91,6 +91,7 @@ def test_screenshot_is_a_1080x2400_png_and_varies_per_step():
         assert raw[:8] == b"\x89PNG\r\n\x1a\n"
         img = Image.open(io.BytesIO(raw))
         assert img.format == "PNG" and img.size == (WIDTH, HEIGHT) == (1080, 2400)
+        assert img.mode == "RGBA"      # what adb screencap writes and Open-AutoGLM passes on
         assert 50_000 < len(raw) < 4_000_000  # a realistic screenshot size
     assert len(set(shots)) == 3
     assert screenshot_png_base64(0, 0, 1) == shots[1]  # deterministic

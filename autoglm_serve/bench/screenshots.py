@@ -101,8 +101,10 @@ def render_screenshot(seed: int, agent: int, step: int) -> Image.Image:
 
 
 def screenshot_png_base64(seed: int, agent: int, step: int) -> str:
-    """PNG bytes of the screenshot, base64-encoded, as an image_url data URL carries them."""
+    """PNG bytes of the screenshot, base64-encoded, as an image_url data URL carries them, in
+    the form Open-AutoGLM sends: Android's screencap writes RGBA, and Open-AutoGLM saves what it
+    pulled again with Pillow's default zlib level (6). The server inflates such a PNG several
+    times slower than one saved at level 1, the bench's level until 2026-12-05 (BENCHMARKS.md)."""
     buf = io.BytesIO()
-    # Level 1: fast to produce, still a realistic size (hundreds of KiB).
-    render_screenshot(seed, agent, step).save(buf, format="PNG", compress_level=1)
+    render_screenshot(seed, agent, step).convert("RGBA").save(buf, format="PNG")
     return base64.b64encode(buf.getvalue()).decode("ascii")
