@@ -1,5 +1,6 @@
-"""PNGs decoded by libspng (multimodal/png_decode.py) give Pillow's pixels, and every PNG the fast
-path does not take still follows Pillow's rules through the media loader."""
+"""PNGs decoded by multimodal/png_decode.py (libdeflate and the C unfilter, or libspng) give
+Pillow's pixels, and every PNG the fast path does not take still follows Pillow's rules through
+the media loader."""
 from __future__ import annotations
 
 import base64
@@ -15,7 +16,8 @@ from PIL import Image, PngImagePlugin
 
 from autoglm_serve.multimodal.image_processor import rgb_pixels
 from autoglm_serve.multimodal.media import MediaError, MediaLoader
-from autoglm_serve.multimodal.png_decode import spng_rgb_pixels
+from autoglm_serve.multimodal import png_decode
+from autoglm_serve.multimodal.png_decode import fast_rgb_pixels
 
 SCREENSHOT = Path(__file__).parent / "data/phone_screenshot_1080x2400.png"
 RNG = np.random.default_rng(0)
@@ -31,15 +33,57 @@ def _random(mode: str, w: int = 37, h: int = 23) -> Image.Image:
     return Image.fromarray(RNG.integers(0, 256, (h, w, len(mode)), dtype=np.uint8), mode)
 
 
+def _chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def _png_by_hand(w: int, h: int, depth: int, color: int, raw: bytes, interlace: int = 0,
+                 idat_size: int = 1 << 30) -> bytes:
+    """A PNG of the given scanlines (filter bytes included), its zlib stream cut into IDAT
+    chunks of idat_size bytes."""
+    z = zlib.compress(raw)
+    idat = b"".join(_chunk(b"IDAT", z[i:i + idat_size]) for i in range(0, len(z), idat_size))
+    return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, depth, color, 0, 0,
+                                                               interlace))
+            + idat + _chunk(b"IEND", b""))
+
+
 def _png_16bit_rgb(w: int = 9, h: int = 5) -> bytes:
     """An RGB PNG of 16 bits a sample, which Pillow opens as mode "RGB" too."""
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
     samples = RNG.integers(0, 65536, (h, w * 3), dtype=np.uint16).astype(">u2").tobytes()
     stride = w * 6
     raw = b"".join(b"\0" + samples[y * stride:(y + 1) * stride] for y in range(h))
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    return _png_by_hand(w, h, 16, 2, raw)
+
+
+def _filtered(pixels: np.ndarray, filters: list[int]) -> bytes:
+    """PNG scanlines of (H, W, C) uint8 pixels, row y filtered by filters[y % len(filters)]
+    (0 none, 1 sub, 2 up, 3 average, 4 paeth; the PNG specification's definitions)."""
+    h, w, bpp = pixels.shape
+    rows = pixels.reshape(h, w * bpp).astype(np.int32)
+    out = []
+    for y in range(h):
+        x = rows[y]
+        up = rows[y - 1] if y else np.zeros_like(x)
+        left = np.concatenate([np.zeros(bpp, np.int32), x[:-bpp]])
+        up_left = np.concatenate([np.zeros(bpp, np.int32), up[:-bpp]])
+        f = filters[y % len(filters)]
+        if f == 4:
+            p = left + up - up_left
+            pa, pb, pc = abs(p - left), abs(p - up), abs(p - up_left)
+            pred = np.where((pa <= pb) & (pa <= pc), left, np.where(pb <= pc, up, up_left))
+        else:
+            pred = [np.zeros_like(x), left, up, (left + up) // 2][f]
+        out.append(bytes([f]) + ((x - pred) % 256).astype(np.uint8).tobytes())
+    return b"".join(out)
+
+
+def _adam7(pixels: np.ndarray) -> bytes:
+    """Interlaced scanlines (Adam7's seven passes, no filter) of (H, W, C) pixels."""
+    passes = [(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2),
+              (0, 1, 1, 2)]
+    return b"".join(b"\0" + row.tobytes() for x0, y0, dx, dy in passes
+                    for row in pixels[y0::dy, x0::dx] if row.size)
 
 
 def _pillow_pixels(data: bytes) -> np.ndarray:
@@ -70,7 +114,7 @@ def _gamma_chunk() -> PngImagePlugin.PngInfo:
     ("the sample screenshot", SCREENSHOT.read_bytes()),
 ])
 def test_fast_path_gives_pillows_pixels(name, data):
-    fast = spng_rgb_pixels(Image.open(io.BytesIO(data)), data)
+    fast = fast_rgb_pixels(Image.open(io.BytesIO(data)), data)
     assert fast is not None, f"{name}: not taken"
     want = _pillow_pixels(data)
     assert fast.dtype == torch.uint8 and fast.shape == want.shape
@@ -84,10 +128,10 @@ def _translucent() -> Image.Image:
     return image
 
 
-def _one_pixel_nearly_opaque() -> Image.Image:
+def _one_pixel_nearly_opaque(x: int, y: int) -> Image.Image:
     """Opaque but one white pixel of alpha 254: the largest pixel word short of opaque."""
     image = _opaque_rgba()
-    image.putpixel((36, 22), (255, 255, 255, 254))
+    image.putpixel((x, y), (255, 255, 255, 254))
     return image
 
 
@@ -100,7 +144,9 @@ def _animated() -> bytes:
 
 @pytest.mark.parametrize("name,data", [
     ("translucent rgba", _png(_translucent())),
-    ("rgba, one pixel of alpha 254", _png(_one_pixel_nearly_opaque())),
+    # in a row's last pixels and near its first
+    ("rgba, one pixel of alpha 254", _png(_one_pixel_nearly_opaque(36, 22))),
+    ("rgba, one pixel of alpha 254 near the start", _png(_one_pixel_nearly_opaque(5, 3))),
     ("rgb with a colour key", _png(_random("RGB"), transparency=(1, 2, 3))),
     ("palette", _png(_random("RGB").convert("P"))),
     ("grey", _png(Image.fromarray(RNG.integers(0, 256, (23, 37), dtype=np.uint8), "L"))),
@@ -108,7 +154,7 @@ def _animated() -> bytes:
     ("animated", _animated()),
 ])
 def test_other_pngs_are_left_to_pillow(name, data):
-    assert spng_rgb_pixels(Image.open(io.BytesIO(data)), data) is None, name
+    assert fast_rgb_pixels(Image.open(io.BytesIO(data)), data) is None, name
     assert np.array_equal(_loaded(data), _pillow_pixels(data))
 
 
@@ -125,3 +171,70 @@ def test_corrupt_fast_path_pngs_are_refused(mode):
     for bad in (data[: len(data) // 2], data[:60]):
         with pytest.raises(MediaError, match="corrupt or truncated"):
             _loaded(bad)
+
+
+def _native_decoder_or_skip():
+    if png_decode.native_decoder() is None:
+        pytest.skip("no C compiler or no deflate package: the libspng path decodes")
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGBA"])
+def test_every_row_filter_decodes_to_pillows_pixels(mode):
+    _native_decoder_or_skip()
+    pixels = RNG.integers(0, 256, (29, 37, len(mode)), dtype=np.uint8)
+    if mode == "RGBA":
+        pixels[..., 3] = 255
+    # each filter after each other one, the image data over many IDAT chunks
+    data = _png_by_hand(37, 29, 8, 2 if mode == "RGB" else 6,
+                        _filtered(pixels, [0, 1, 2, 3, 4, 4, 3, 2, 1, 0, 2, 4, 1, 3]),
+                        idat_size=97)
+    rgba = mode == "RGBA"
+    native, opaque = png_decode._native_rgb_pixels(data, rgba)
+    assert opaque
+    assert np.array_equal(native.numpy(), pixels[..., :3])
+    assert np.array_equal(native.numpy(), _pillow_pixels(data))
+    assert np.array_equal(png_decode._spng_rgb_pixels(data, rgba)[0].numpy(), pixels[..., :3])
+    assert np.array_equal(_loaded(data), pixels[..., :3])
+
+
+def test_open_autoglms_screenshot_takes_the_native_path():
+    _native_decoder_or_skip()
+    from autoglm_serve.bench.screenshots import screenshot_png_base64
+    data = base64.b64decode(screenshot_png_base64(0, 0, 0))      # RGBA, Pillow's default level
+    native, opaque = png_decode._native_rgb_pixels(data, rgba=True)
+    assert opaque and np.array_equal(native.numpy(), _pillow_pixels(data))
+
+
+def test_interlaced_pngs_decode_by_libspng():
+    pixels = RNG.integers(0, 256, (19, 13, 3), dtype=np.uint8)
+    data = _png_by_hand(13, 19, 8, 2, _adam7(pixels), interlace=1)
+    assert np.array_equal(_pillow_pixels(data), pixels)
+    assert np.array_equal(_loaded(data), pixels)
+
+
+def _rgb_8x8(bad: str) -> tuple[bytes, np.ndarray]:
+    pixels = RNG.integers(0, 256, (8, 8, 3), dtype=np.uint8)
+    raw = _filtered(pixels, [1])
+    if bad == "filter type 5":
+        raw = raw[:3 * 25] + b"\x05" + raw[3 * 25 + 1:]    # row 3 of 25-byte rows
+    elif bad == "scanlines a byte short":
+        raw = raw[:-1]
+    elif bad == "scanlines a byte long":
+        raw = raw + b"\0"
+    data = _png_by_hand(8, 8, 8, 2, raw)
+    return (data[:-12] if bad == "no IEND" else data), pixels
+
+
+@pytest.mark.parametrize("bad", ["filter type 5", "scanlines a byte short"])
+def test_broken_scanlines_are_corrupt(bad):
+    data, _ = _rgb_8x8(bad)
+    with pytest.raises(MediaError, match="corrupt or truncated"):
+        _loaded(data)
+
+
+@pytest.mark.parametrize("odd", ["no IEND", "scanlines a byte long"])
+def test_pngs_the_native_path_declines_go_to_libspng(odd):
+    _native_decoder_or_skip()
+    data, pixels = _rgb_8x8(odd)
+    assert png_decode._native_rgb_pixels(data, rgba=False) is None
+    assert np.array_equal(_loaded(data), pixels)

@@ -30,7 +30,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from autoglm_serve.multimodal.image_processor import rgb_pixels
-from autoglm_serve.multimodal.png_decode import spng_rgb_pixels
+from autoglm_serve.multimodal.png_decode import fast_rgb_pixels, native_decoder
 
 ALLOWED_FORMATS = {"PNG": "png", "JPEG": "jpeg", "WEBP": "webp"}
 _DATA_URL = re.compile(r"^data:image/(png|jpeg|jpg|webp);base64,", re.IGNORECASE)
@@ -95,11 +95,14 @@ def image_content_hash(image: Image.Image) -> str:
 
 def _load_decoders(formats) -> None:
     """PIL imports its format plugins at the first Image.open, all of them (~77 ms on a CI core)
-    where a format asked for is not among the five it loads first (~20 ms): at start-up here,
-    not in the first request's time to first token."""
+    where a format asked for is not among the five it loads first (~20 ms), and the PNG
+    decoder's C part is compiled at its first use: at start-up here, not in the first request's
+    time to first token."""
     Image.preinit()
     if any(f not in Image.OPEN for f in formats):
         Image.init()
+    if "PNG" in formats:
+        native_decoder()    # built at a machine's first start, not in its first screenshot
 
 
 class MediaLoader:
@@ -221,7 +224,7 @@ class MediaLoader:
                     raise MediaError("image has no pixels")
                 if width * height > self.policy.max_pixels:
                     raise MediaError(f"image is {width}x{height}; at most {self.policy.max_pixels} pixels are accepted")
-                pixels = spng_rgb_pixels(image, data)     # a phone screenshot's PNG, fast
+                pixels = fast_rgb_pixels(image, data)     # a phone screenshot's PNG
                 if pixels is not None:
                     return pixels
                 image.seek(0)           # animated PNG/WebP: the first frame
