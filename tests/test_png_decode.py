@@ -178,14 +178,15 @@ def _native_decoder_or_skip():
         pytest.skip("no C compiler or no deflate package: the libspng path decodes")
 
 
+@pytest.mark.parametrize("width", [37, 1, 2])
 @pytest.mark.parametrize("mode", ["RGB", "RGBA"])
-def test_every_row_filter_decodes_to_pillows_pixels(mode):
+def test_every_row_filter_decodes_to_pillows_pixels(mode, width):
     _native_decoder_or_skip()
-    pixels = RNG.integers(0, 256, (29, 37, len(mode)), dtype=np.uint8)
+    pixels = RNG.integers(0, 256, (29, width, len(mode)), dtype=np.uint8)
     if mode == "RGBA":
         pixels[..., 3] = 255
     # each filter after each other one, the image data over many IDAT chunks
-    data = _png_by_hand(37, 29, 8, 2 if mode == "RGB" else 6,
+    data = _png_by_hand(width, 29, 8, 2 if mode == "RGB" else 6,
                         _filtered(pixels, [0, 1, 2, 3, 4, 4, 3, 2, 1, 0, 2, 4, 1, 3]),
                         idat_size=97)
     rgba = mode == "RGBA"
