@@ -6,8 +6,8 @@ what Android's screencap writes (RGBA), saved again at Pillow's default zlib lev
 decode is the inflate: the stock zlib inside Pillow and pyspng copies that level's short-distance
 matches a byte at a time. So the image data is inflated by libdeflate (the `deflate` package)
 and its row filters undone by a C function built on this machine (kernels/cpu/png_unfilter.c):
-4-5 ms here for such a screenshot, against 24 ms with pyspng and ~70 with Pillow
-(BENCHMARKS.md). Where either is missing (no C compiler), and for interlaced images, pyspng
+3.5-12 ms here for the bench's screens in that form, against 26-35 ms with pyspng
+(BENCHMARKS.md). Where either is missing (no C compiler, no AVX2), and for interlaced images, pyspng
 (libspng) decodes; anything that path refuses goes to pyspng too, whose errors are the ones
 answered.
 
