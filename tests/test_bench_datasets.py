@@ -98,6 +98,17 @@ def test_screenshot_is_a_1080x2400_png_and_varies_per_step():
     assert screenshot_png_base64(0, 1, 1) != shots[1]  # another agent sees another screen
 
 
+def test_phone_agent_screenshots_rendered_in_processes_are_the_ones_drawn_here():
+    workload = PhoneAgentWorkload(agents=3, steps=3, seed=3)     # 8 to draw: the process pool
+    counted = []
+    workload.screenshots[(1, 1)] = "kept"
+    workload.prepare(counted.append)
+    assert sum(counted) == 9 and workload.screenshots[(1, 1)] == "kept"
+    for (agent, step), shot in workload.screenshots.items():
+        if (agent, step) != (1, 1):
+            assert shot == screenshot_png_base64(3, agent, step), (agent, step)
+
+
 def test_phone_agent_history_grows_and_keeps_only_the_latest_image():
     wl = PhoneAgentWorkload(agents=1, steps=3, seed=0)
     wl.prepare()
