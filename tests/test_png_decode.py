@@ -239,3 +239,30 @@ def test_pngs_the_native_path_declines_go_to_libspng(odd):
     data, pixels = _rgb_8x8(odd)
     assert png_decode._native_rgb_pixels(data, rgba=False) is None
     assert np.array_equal(_loaded(data), pixels)
+
+
+def test_random_scanlines_decode_as_pillow_does_or_are_refused():
+    """Random sizes, random filtered bytes (so any filter's output), now and then a filter
+    type PNG does not define: the native path gives Pillow's pixels or declines."""
+    _native_decoder_or_skip()
+    rng = np.random.default_rng(7)
+    for trial in range(60):
+        rgba = bool(trial % 2)
+        bpp = 4 if rgba else 3
+        w, h = int(rng.integers(1, 41)), int(rng.integers(1, 13))
+        rows = rng.integers(0, 256, (h, 1 + w * bpp), dtype=np.uint8)
+        rows[:, 0] = rng.integers(0, 5, h)
+        bad = trial % 7 == 0
+        if bad:
+            rows[int(rng.integers(0, h)), 0] = int(rng.integers(5, 256))
+        data = _png_by_hand(w, h, 8, 6 if rgba else 2, rows.tobytes())
+        native = png_decode._native_rgb_pixels(data, rgba)
+        if bad:
+            assert native is None, trial
+            continue
+        image = Image.open(io.BytesIO(data))
+        image.load()
+        want = np.asarray(image)
+        pixels, opaque = native
+        assert np.array_equal(pixels.numpy(), want[..., :3]), trial
+        assert opaque == (not rgba or bool((want[..., 3] == 255).all())), trial
