@@ -26,6 +26,11 @@ import pyspng
 import torch
 from PIL import Image
 
+try:
+    import deflate      # libdeflate
+except ImportError:     # then pyspng decodes every PNG
+    deflate = None
+
 _SIGNATURE_AND_IHDR = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR"
 _WIDTH, _HEIGHT = 16, 20    # byte offsets in the file of the IHDR fields read here
 _BIT_DEPTH = 24
@@ -71,7 +76,7 @@ def _native_rgb_pixels(data: bytes, rgba: bool) -> tuple[torch.Tensor, bool] | N
     size = height * (1 + width * bpp)
     try:
         scanlines = inflate(compressed, size)     # at most size bytes
-    except Exception:   # deflate.DeflateError, or a size it cannot allocate
+    except (deflate.DeflateError, MemoryError):
         return None
     if len(scanlines) != size:
         return None
@@ -105,9 +110,7 @@ def _image_data(data: bytes) -> bytes | None:
 def native_decoder():
     """(inflate, unfilter) where libdeflate's package and a C compiler are here, else None;
     built once a machine (kernels/cpu/build.py), at the media loader's start."""
-    try:
-        import deflate
-    except ImportError:
+    if deflate is None:
         return None
     from autoglm_serve.kernels.cpu import build
     library = build.load("png_unfilter")

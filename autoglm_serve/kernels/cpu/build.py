@@ -4,7 +4,8 @@ Each `NAME.c` becomes a shared library compiled for AVX2 and FMA with OpenMP (th
 that torch loaded, so both share one thread pool) and without FMA contraction (the kernels say
 where they round). Libraries are kept in the derived-files cache (derived_cache.py), keyed by the
 source, this folder's headers and the compiler's version. Without a compiler ($CC, else gcc) or
-AVX2 a kernel is simply not available and its callers keep their PyTorch path.
+AVX2 a kernel is simply not available and its callers keep their other path (PyTorch's,
+libspng's).
 """
 from __future__ import annotations
 
@@ -57,6 +58,6 @@ def load(name: str) -> ctypes.CDLL | None:
             _compile(compiler, source, entry)
         return ctypes.CDLL(str(entry / f"{name}.so"))
     except (OSError, subprocess.CalledProcessError) as exc:
-        log.warning("CPU kernel %s not built, its PyTorch path runs instead: %s", name,
+        log.warning("CPU kernel %s not built, its callers' other path runs instead: %s", name,
                     getattr(exc, "stderr", "") or exc)
         return None
