@@ -14,6 +14,7 @@ import copy
 import multiprocessing
 import os
 import random
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -150,10 +151,11 @@ _RENDER_IN_PROCESSES_FROM = 8
 def _render(seed: int, keys: list[tuple[int, int]]) -> Iterator[str]:
     """The screenshots of (agent, step) keys, in order; in a process a core where there are many."""
     workers = min(len(keys), os.cpu_count() or 1)
-    if len(keys) < _RENDER_IN_PROCESSES_FROM or workers < 2:
+    # forked workers, where fork is safe (macOS's system frameworks are not, after threads)
+    if len(keys) < _RENDER_IN_PROCESSES_FROM or workers < 2 or sys.platform != "linux":
         yield from (screenshot_png_base64(seed, agent, step) for agent, step in keys)
         return
-    # forked: a spawned worker would run the caller's __main__ again (a script without a
+    # not spawned: a spawned worker would run the caller's __main__ again (a script without a
     # __name__ guard would start over); the workers only draw and encode
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
         yield from pool.map(screenshot_png_base64, [seed] * len(keys), *zip(*keys),
