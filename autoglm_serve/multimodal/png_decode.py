@@ -32,7 +32,7 @@ except ImportError:     # then pyspng decodes every PNG
     deflate = None
 
 _SIGNATURE_AND_IHDR = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR"
-_WIDTH, _HEIGHT = 16, 20    # byte offsets in the file of the IHDR fields read here
+_WIDTH_AND_HEIGHT = 16      # byte offsets in the file of the IHDR fields read here
 _BIT_DEPTH = 24
 _COLOR_TYPE = 25
 _INTERLACE = 28
@@ -68,7 +68,7 @@ def _native_rgb_pixels(data: bytes, rgba: bool) -> tuple[torch.Tensor, bool] | N
     if native is None:
         return None
     inflate, unfilter = native
-    width, height = struct.unpack_from(">II", data, _WIDTH)
+    width, height = struct.unpack_from(">II", data, _WIDTH_AND_HEIGHT)
     bpp = 4 if rgba else 3
     compressed = _image_data(data)
     if compressed is None:
