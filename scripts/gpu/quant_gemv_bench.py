@@ -97,13 +97,13 @@ def grid(kind: str, m: int, shape: Shape, smoke: bool):
     from autoglm_serve.kernels.gemv import GemvConfig
     if smoke:
         tiles = [(16, 128, m > 1)]
-    elif m == 1:     # CUDA cores; one tensor-core tile too
+    elif m == 1:     # CUDA cores; tensor-core tiles too
         if kind == "w4":   # tiles inside a group of 128; many rows a thread (x sums shared)
             tiles = [(bn, bk, False) for bn in (256, 128, 64) for bk in (128, 64)]
         else:
             tiles = [(bn, bk, False) for bn in (8, 16) for bk in (512, 1024)] + [(32, 256, False)]
-        if kind == "w4":
-            tiles += [(16, 256, True)]
+        if kind == "w4":   # tensor cores, tiles inside a group of 128
+            tiles += [(bn, 128, True) for bn in (64, 128, 256)]
         else:              # native e4m3 tensor cores: wgmma wants >= 64 rows
             tiles += [(128, 256, True), (64, 256, True), (128, 128, True)]
     else:
@@ -220,7 +220,7 @@ class Bench:
             if self.baseline is not None:
                 rec["w4a16_gemv_before"] = self.time_baseline(x, w4s, group, bias, shape, m,
                                                               w4_bytes)
-            timed = self.sweep_kernel(
+            timed = {} if "w4a16" not in args.kernels else self.sweep_kernel(
                 "w4", w4a16_gemv.default_config(m, shape.n, shape.k, group), w4_call, w4s,
                 w4a16_reference(x, *w4, group, bias, shape.gated), w4_bytes / 2.5e12, m, shape,
                 f"w4a16 {shape.name} M={m}")
@@ -230,7 +230,7 @@ class Bench:
                 if shape.gated:
                     return fp8_gemv.fp8_gated_gemv(x, w[0], w[1], cfg)
                 return fp8_gemv.fp8_gemv(x, w[0], w[1], bias, cfg)
-            timed = self.sweep_kernel(
+            timed = {} if "fp8" not in args.kernels else self.sweep_kernel(
                 "fp8", fp8_gemv.default_config(m, shape.n, shape.k), f8_call, f8s,
                 fp8_reference(x, *f8, bias, shape.gated), f8_bytes / 3e12, m, shape,
                 f"fp8 {shape.name} M={m}")
@@ -485,10 +485,12 @@ def main():
     ap.add_argument("--large-ms", default="256,2048")
     ap.add_argument("--shapes", default=",".join(s.name for s in SHAPES))
     ap.add_argument("--budget-s", type=float, default=170.0)
+    ap.add_argument("--kernels", default="w4a16,fp8", help="the GEMVs to sweep")
     ap.add_argument("--baseline", help="a w4a16_gemv.py to time beside the current one, e.g. "
                     "from `git show REV:autoglm_serve/kernels/w4a16_gemv.py`")
     args = ap.parse_args()
     args.ms = [int(v) for v in args.ms.split(",")]
+    args.kernels = args.kernels.split(",")
     args.large_ms = [int(v) for v in args.large_ms.split(",")]
     import triton
     if args.smoke:
@@ -504,7 +506,7 @@ def main():
         shapes = [s for s in SHAPES if s.name in args.shapes.split(",")]
     bench = Bench(args)
     records = []
-    bench.sweeps_left = 2 * len(shapes) * len(args.ms)
+    bench.sweeps_left = len(args.kernels) * len(shapes) * len(args.ms)
     for shape in shapes:
         print(f"[{bench.elapsed():5.0f} s] {shape.name} N={shape.n} K={shape.k}", flush=True)
         records += bench.run_shape(shape)
