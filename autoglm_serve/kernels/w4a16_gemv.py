@@ -44,7 +44,7 @@ from autoglm_serve.kernels.gemv import (GemvConfig, as_rows, default_split_k, fi
 from autoglm_serve.kernels.pdl import wait_for_previous_grid
 
 ENABLED = True
-MAX_ROWS = 8
+MAX_ROWS = 16           # the decode CUDA graphs' batch sizes 1, 2, 4, 8, 16
 DOT_MIN_ROWS = 16       # tl.dot's smallest tile side for 16-bit operands
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # the exponent bits of 256.0 and 16.0, passed as arguments so they sit in registers: ptxas then

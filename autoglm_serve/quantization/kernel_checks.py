@@ -66,7 +66,7 @@ def w4a16_cases(device, dtype):
     """(name, x, (qweight, scales, zeros), group, bias, gated, config)."""
     gen = torch.Generator().manual_seed(0)
     cases = []
-    for m in (1, 3):
+    for m in (1, 3, w4a16_gemv.MAX_ROWS):
         x = torch.randn(m, 1024, generator=gen).to(device, dtype)
         split = GemvConfig(16, 256, 2, dot=m > 1)
         for group, zeros in ((128, True), (32, False)):
