@@ -3,7 +3,10 @@ registers, spills and the instructions of the main loop per weight a thread hand
 compare configs and kernel changes on a CPU-only machine (triton.compile with a GPUTarget, the
 ptxas and cuobjdump bundled with Triton).
 
-    python3 scripts/quant_gemv_sass.py w4 1,64,128,2,0,0 fp8 1,16,512,1,0,0
+    python3 scripts/quant_gemv_sass.py w4 1,64,128,2,0,0 w4s 1,64,128,2,0,0 fp8 1,16,512,1,0,0
+
+w4: W4A16 with zero points (AWQ, GPTQ); w4s: symmetric (compressed-tensors, the engine's
+dummy W4A16); fp8: W8A8.
 
 Each config: BLOCK_M,BLOCK_N,BLOCK_K,SPLIT_K,dot,gated[,num_warps,num_stages] (BLOCK_M as
 the launcher pads it: 16 for dot, else the rows rounded up to a power of two; num_warps 4 and
@@ -29,14 +32,14 @@ BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin"
 
 
 def compile_kernel(kind: str, bm, bn, bk, split, dot, gated, warps=4, stages=3):
-    if kind == "w4":
+    if kind in ("w4", "w4s"):
         fn = w4a16_gemv._w4a16_gemv_kernel
         # bf16 activations: CUDA cores read them as int32 pairs, as the launcher passes them
         sig = {"x_ptr": "*bf16" if dot else "*i32", "qw_ptr": "*i32", "s_ptr": "*bf16",
                "z_ptr": "*u8", "bias_ptr": "*bf16", "y_ptr": "*bf16", "partial_ptr": "*fp32",
                "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "x_stride": "i32",
                "words": "i32", "groups": "i32", "even_exp": "i32", "odd_exp": "i32"}
-        consts = dict(GROUP=128, HAS_ZEROS=True, X_PAIRS=0 if dot else 1)
+        consts = dict(GROUP=128, HAS_ZEROS=kind == "w4", X_PAIRS=0 if dot else 1)
     else:
         fn = fp8_gemv._fp8_gemv_kernel
         sig = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "bias_ptr": "*bf16",
@@ -47,7 +50,7 @@ def compile_kernel(kind: str, bm, bn, bk, split, dot, gated, warps=4, stages=3):
             4096, fp8_gemv.GemvConfig(bn, bk, split, warps, stages, bool(dot)))}
     consts.update(HAS_BIAS=False, GATED=gated, USE_DOT=dot, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                   SPLIT_K=split, EVEN_K=True, NUM_STAGES=stages, PDL=True)
-    if kind == "w4":
+    if kind != "fp8":
         consts["COMPILED"] = True
     sig.update({c: "constexpr" for c in consts})
     names = list(sig)
