@@ -6,7 +6,7 @@ replace, on one GPU, at AutoGLM-Phone-9B's decode shapes.
     python3 scripts/gpu/quant_gemv_bench.py --smoke     # CPU, Triton interpreter, tiny shapes
 
 For each linear (qkv 4608x4096 + bias, o_proj 4096x4096, gate_up 27392x4096 + SiLU-and-mul,
-down 4096x13696) and M in 1, 2, 4, 8:
+down 4096x13696) and M in 1, 2, 4, 8, 16 (the FP8 GEMV: up to 8):
 
 - bf16: cuBLAS (F.linear, + the SiLU kernel for gate_up) and the engine's bf16 GEMV (gemv.py
   with its TUNED table, gated for gate_up);
@@ -230,7 +230,8 @@ class Bench:
                 if shape.gated:
                     return fp8_gemv.fp8_gated_gemv(x, w[0], w[1], cfg)
                 return fp8_gemv.fp8_gemv(x, w[0], w[1], bias, cfg)
-            timed = {} if "fp8" not in args.kernels else self.sweep_kernel(
+            fp8_takes = "fp8" in args.kernels and m <= fp8_gemv.MAX_ROWS
+            timed = {} if not fp8_takes else self.sweep_kernel(
                 "fp8", fp8_gemv.default_config(m, shape.n, shape.k), f8_call, f8s,
                 fp8_reference(x, *f8, bias, shape.gated), f8_bytes / 3e12, m, shape,
                 f"fp8 {shape.name} M={m}")
@@ -481,7 +482,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes")
     ap.add_argument("--out", default="quant_gemv_bench.json")
-    ap.add_argument("--ms", default="1,2,4,8")
+    ap.add_argument("--ms", default="1,2,4,8,16", help="rows; the FP8 GEMV takes up to 8")
     ap.add_argument("--large-ms", default="256,2048")
     ap.add_argument("--shapes", default=",".join(s.name for s in SHAPES))
     ap.add_argument("--budget-s", type=float, default=170.0)
@@ -506,7 +507,9 @@ def main():
         shapes = [s for s in SHAPES if s.name in args.shapes.split(",")]
     bench = Bench(args)
     records = []
-    bench.sweeps_left = len(args.kernels) * len(shapes) * len(args.ms)
+    from autoglm_serve.kernels import fp8_gemv
+    rows = {"w4a16": args.ms, "fp8": [m for m in args.ms if m <= fp8_gemv.MAX_ROWS]}
+    bench.sweeps_left = len(shapes) * sum(len(rows[k]) for k in args.kernels)
     for shape in shapes:
         print(f"[{bench.elapsed():5.0f} s] {shape.name} N={shape.n} K={shape.k}", flush=True)
         records += bench.run_shape(shape)
