@@ -4,14 +4,15 @@ undefined ones), at widths where its 4-byte loads and stores meet a row's end.""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-SOURCE = Path(__file__).resolve().parent.parent / "autoglm_serve/kernels/cpu/png_unfilter.c"
+from autoglm_serve.kernels.cpu import build
+
+SOURCE = Path(build.__file__).with_name("png_unfilter.c")
 
 HARNESS = r"""
 import ctypes, sys
@@ -37,21 +38,19 @@ print("decoded", decoded)
 """
 
 
-def _libasan() -> str | None:
-    compiler = shutil.which(os.environ.get("CC", "gcc"))
-    if compiler is None:
-        return None
-    path = subprocess.run([compiler, "-print-file-name=libasan.so"], capture_output=True,
+def _libasan(cc: str) -> str | None:
+    path = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True,
                           text=True).stdout.strip()
     return path if os.path.isabs(path) and os.path.exists(path) else None
 
 
 def test_png_unfilter_stays_in_its_buffers(tmp_path):
-    libasan = _libasan()
-    if libasan is None:
+    cc = build.compiler()
+    libasan = cc and _libasan(cc)
+    if not libasan:
         pytest.skip("no gcc with AddressSanitizer here")
     library = tmp_path / "png_unfilter_asan.so"
-    subprocess.run([shutil.which(os.environ.get("CC", "gcc")), "-O1", "-g", "-fsanitize=address",
+    subprocess.run([cc, "-O1", "-g", "-fsanitize=address",
                     "-fno-omit-frame-pointer", "-mavx2", "-fPIC", "-shared", "-o", str(library),
                     str(SOURCE)], check=True, capture_output=True)
     r = subprocess.run([sys.executable, "-c", HARNESS, str(library)], capture_output=True,

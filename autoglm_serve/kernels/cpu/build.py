@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared"]
 
 
-def _compiler() -> str | None:
+def compiler() -> str | None:
+    """The machine's C compiler: $CC, else gcc, or None."""
     return shutil.which(os.environ.get("CC", "gcc"))
 
 
@@ -43,19 +44,19 @@ def _compile(compiler: str, source: Path, folder: Path) -> None:
 @functools.cache
 def load(name: str) -> ctypes.CDLL | None:
     """The library built from NAME.c in this folder, or None where it cannot be built here."""
-    compiler = _compiler()
-    if compiler is None or not _cpu_has_avx2():
+    cc = compiler()
+    if cc is None or not _cpu_has_avx2():
         return None
     source = Path(__file__).with_name(f"{name}.c")
     try:
-        version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True,
                                  check=True).stdout.splitlines()[0]
         headers = sorted(source.parent.glob("*.h"))
         entry = derived_cache.entry_path("cpu-kernels", [source, *headers], f"{version} {FLAGS}")
         if not (entry.is_dir()
-                or derived_cache.publish(entry, lambda folder: _compile(compiler, source, folder))):
+                or derived_cache.publish(entry, lambda folder: _compile(cc, source, folder))):
             entry = Path(tempfile.mkdtemp(prefix="autoglm-cpu-kernels-"))
-            _compile(compiler, source, entry)
+            _compile(cc, source, entry)
         return ctypes.CDLL(str(entry / f"{name}.so"))
     except (OSError, subprocess.CalledProcessError) as exc:
         log.warning("CPU kernel %s not built, its callers' other path runs instead: %s", name,
