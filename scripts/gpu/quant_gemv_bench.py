@@ -220,7 +220,7 @@ class Bench:
             if self.baseline is not None:
                 rec["w4a16_gemv_before"] = self.time_baseline(x, w4s, group, bias, shape, m,
                                                               w4_bytes)
-            timed = {} if "w4a16" not in args.kernels else self.sweep_kernel(
+            timed = {} if m not in args.swept["w4a16"] else self.sweep_kernel(
                 "w4", w4a16_gemv.default_config(m, shape.n, shape.k, group), w4_call, w4s,
                 w4a16_reference(x, *w4, group, bias, shape.gated), w4_bytes / 2.5e12, m, shape,
                 f"w4a16 {shape.name} M={m}")
@@ -230,8 +230,7 @@ class Bench:
                 if shape.gated:
                     return fp8_gemv.fp8_gated_gemv(x, w[0], w[1], cfg)
                 return fp8_gemv.fp8_gemv(x, w[0], w[1], bias, cfg)
-            fp8_takes = "fp8" in args.kernels and m <= fp8_gemv.MAX_ROWS
-            timed = {} if not fp8_takes else self.sweep_kernel(
+            timed = {} if m not in args.swept["fp8"] else self.sweep_kernel(
                 "fp8", fp8_gemv.default_config(m, shape.n, shape.k), f8_call, f8s,
                 fp8_reference(x, *f8, bias, shape.gated), f8_bytes / 3e12, m, shape,
                 f"fp8 {shape.name} M={m}")
@@ -491,7 +490,6 @@ def main():
                     "from `git show REV:autoglm_serve/kernels/w4a16_gemv.py`")
     args = ap.parse_args()
     args.ms = [int(v) for v in args.ms.split(",")]
-    args.kernels = args.kernels.split(",")
     args.large_ms = [int(v) for v in args.large_ms.split(",")]
     import triton
     if args.smoke:
@@ -505,11 +503,15 @@ def main():
         print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
               f"{triton.__version__}", flush=True)
         shapes = [s for s in SHAPES if s.name in args.shapes.split(",")]
+    from autoglm_serve.kernels import fp8_gemv
+    takes = {"w4a16": args.ms, "fp8": [m for m in args.ms if m <= fp8_gemv.MAX_ROWS]}
+    kernels = args.kernels.split(",")
+    if not set(kernels) <= set(takes):
+        ap.error(f"--kernels: some of {','.join(takes)}")
+    args.swept = {k: ms if k in kernels else [] for k, ms in takes.items()}  # rows each sweeps
     bench = Bench(args)
     records = []
-    from autoglm_serve.kernels import fp8_gemv
-    rows = {"w4a16": args.ms, "fp8": [m for m in args.ms if m <= fp8_gemv.MAX_ROWS]}
-    bench.sweeps_left = len(shapes) * sum(len(rows[k]) for k in args.kernels)
+    bench.sweeps_left = len(shapes) * sum(len(ms) for ms in args.swept.values())
     for shape in shapes:
         print(f"[{bench.elapsed():5.0f} s] {shape.name} N={shape.n} K={shape.k}", flush=True)
         records += bench.run_shape(shape)
