@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import math
 import tempfile
 import time
 from pathlib import Path
@@ -27,15 +26,10 @@ import torch
 TEXT = (Path(__file__).resolve().parent.parent / "tests" / "data" / "perplexity_prose.txt").read_text()
 
 
-def perplexity(model, tokenizer) -> float:
-    ids = tokenizer(TEXT, return_tensors="pt").input_ids
-    with torch.no_grad():
-        return math.exp(model(ids, labels=ids).loss.item())
-
-
 def main() -> None:
     from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
+    from autoglm_serve.quantize.perplexity import perplexity
     from autoglm_serve.quantize.pipeline import write_quantized_checkpoint
     from autoglm_serve.quantize.source_model import load_source_model
 
@@ -44,7 +38,8 @@ def main() -> None:
     p.add_argument("--num-samples", type=int, default=32)
     args = p.parse_args()
     source = load_source_model(None)
-    base = perplexity(source.model, source.tokenizer)
+    ids = source.tokenizer(TEXT, return_tensors="pt").input_ids
+    base = perplexity(source.model, ids)
     print(f"{'variant':<14} {'perplexity':>10} {'vs fp32':>8} {'seconds':>8}")
     print(f"{'unquantized':<14} {base:>10.2f} {'':>8} {'':>8}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -59,7 +54,7 @@ def main() -> None:
             seconds = time.time() - start
             kw = {"quantization_config": CompressedTensorsConfig(dequantize=True)} if "zp" in rest else {}
             model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, **kw).eval()
-            ppl = perplexity(model, source.tokenizer)
+            ppl = perplexity(model, ids)
             print(f"{variant:<14} {ppl:>10.2f} {100 * (ppl / base - 1):>+7.1f}% {seconds:>8.0f}", flush=True)
 
 

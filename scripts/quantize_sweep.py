@@ -16,24 +16,12 @@ from __future__ import annotations
 
 import argparse
 import copy
-import math
 import time
 from pathlib import Path
 
 import torch
 
 TEXT = Path(__file__).resolve().parent.parent / "tests" / "data" / "perplexity_prose.txt"
-
-
-def perplexity(model, ids: torch.Tensor, window: int = 1024) -> float:
-    """Over consecutive windows of `window` tokens, each predicted from its own start."""
-    loss, count = 0.0, 0
-    with torch.no_grad():
-        for chunk in ids.split(window, dim=1):
-            if chunk.shape[1] > 1:
-                loss += model(chunk, labels=chunk).loss.item() * (chunk.shape[1] - 1)
-                count += chunk.shape[1] - 1
-    return math.exp(loss / count)
 
 
 def quantize_in_place(model, tokenizer, method: str, num_samples: int, damp: float,
@@ -57,6 +45,7 @@ def main() -> None:
     from autoglm_serve.engine.core.cpu_threads import size_cpu_threads
     from autoglm_serve.quantize.gptq import DEFAULT_DAMP
     from autoglm_serve.quantize.methods import DEFAULT_NUM_SAMPLES
+    from autoglm_serve.quantize.perplexity import perplexity
     from autoglm_serve.quantize.source_model import load_source_model
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
