@@ -9,7 +9,8 @@ the model, int4 group 32 with zero points, act-order for GPTQ, and prints the pe
 tests/data/perplexity_prose.txt and on each --held-out text (its first --held-out-chars
 characters, in windows of 1,024 tokens), each beside the unquantized model's. The prose is 351
 tokens: held-out texts of several thousand tokens resolve differences of a point or two that it
-does not. A variant is method[:nN samples][:dDAMP][:plain] (plain: GPTQ's own scales, not refit).
+does not. A variant is method[:nN samples][:dDAMP][:cPASSES][:plain] (cPASSES: the coordinate
+descent's passes after GPTQ, c0 none; plain: GPTQ's own scales, not refit).
 Two minutes a GPTQ variant at 16 samples on two cores, four at 48; AWQ six.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ TEXT = Path(__file__).resolve().parent.parent / "tests" / "data" / "perplexity_p
 
 
 def quantize_in_place(model, tokenizer, method: str, num_samples: int, damp: float,
-                      refit: bool = True) -> None:
+                      descent_passes: int, refit: bool = True) -> None:
     """The checkpoint's weights (pipeline.quantize_linears), written into `model` itself."""
     from autoglm_serve.quantize.calibration import calibration_samples
     from autoglm_serve.quantize.pipeline import quantize_linears
@@ -36,14 +37,15 @@ def quantize_in_place(model, tokenizer, method: str, num_samples: int, damp: flo
     samples = calibration_samples(tokenizer, num_samples) if method != "rtn" else []
     with torch.no_grad():
         quantized = quantize_linears(model, targets, method, args, torch.float32, samples,
-                                     act_order=method == "gptq", damp=damp, refit=refit)
+                                     act_order=method == "gptq", damp=damp, refit=refit,
+                                     descent_passes=descent_passes)
         for name, linear in targets.items():
             linear.weight.copy_(quantized[name].weight)
 
 
 def main() -> None:
     from autoglm_serve.engine.core.cpu_threads import size_cpu_threads
-    from autoglm_serve.quantize.gptq import DEFAULT_DAMP
+    from autoglm_serve.quantize.gptq import DEFAULT_DAMP, DESCENT_PASSES
     from autoglm_serve.quantize.methods import DEFAULT_NUM_SAMPLES
     from autoglm_serve.quantize.perplexity import perplexity
     from autoglm_serve.quantize.source_model import load_source_model
@@ -68,7 +70,9 @@ def main() -> None:
         damp = next((float(o[1:]) for o in opts if o.startswith("d")), DEFAULT_DAMP)
         start = time.time()
         model = copy.deepcopy(source.model).float()
-        quantize_in_place(model, source.tokenizer, method, n, damp, refit="plain" not in opts)
+        passes = next((int(o[1:]) for o in opts if o.startswith("c")), DESCENT_PASSES)
+        quantize_in_place(model, source.tokenizer, method, n, damp, passes,
+                          refit="plain" not in opts)
         ppls = [perplexity(model, i) for i in ids]
         cells = [f"{q:.2f} ({100 * (q / b - 1):+.1f}%)" for q, b in zip(ppls, base)]
         print(f"| {variant} | " + " | ".join(cells) + f" | {time.time() - start:.0f} |", flush=True)

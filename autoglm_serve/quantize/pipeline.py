@@ -9,7 +9,8 @@ from autoglm_serve.engine.core.cpu_threads import size_cpu_threads
 from autoglm_serve.quantize.awq import InputSampler, balance_groups, search_and_apply_scales
 from autoglm_serve.quantize.calibration import calibration_samples
 from autoglm_serve.quantize.checkpoint_writer import write_checkpoint
-from autoglm_serve.quantize.gptq import DEFAULT_DAMP, HessianObserver, gptq_quantize
+from autoglm_serve.quantize.gptq import (DEFAULT_DAMP, DESCENT_PASSES, HessianObserver,
+                                         gptq_quantize)
 from autoglm_serve.quantize.methods import CALIBRATED_METHODS, DEFAULT_NUM_SAMPLES, Method
 from autoglm_serve.quantize.rtn import QuantizedWeight, rtn_quantize
 from autoglm_serve.quantize.schemes import (fitting_group_size, ignored_modules,
@@ -57,7 +58,8 @@ def write_quantized_checkpoint(
 
 def quantize_linears(hf: torch.nn.Module, targets: dict[str, torch.nn.Linear], method: Method,
                      args, dtype: torch.dtype, samples: list, act_order: bool = False,
-                     damp: float = DEFAULT_DAMP, refit: bool = True) -> dict[str, QuantizedWeight]:
+                     damp: float = DEFAULT_DAMP, refit: bool = True,
+                     descent_passes: int = DESCENT_PASSES) -> dict[str, QuantizedWeight]:
     """Each of `targets`' quantized weight (scales in `dtype`). GPTQ and AWQ calibrate on
     `samples` one decoder layer at a time and replace those layers' weights in `hf` as they go
     (AWQ also folds its scales into the norms and Linears before them); the rest, and every
@@ -83,7 +85,8 @@ def quantize_linears(hf: torch.nn.Module, targets: dict[str, torch.nn.Linear], m
                     done.remove()
                 for name in stage:
                     q = gptq_quantize(linears[name].weight, observer.hessian, observer.tokens,
-                                      args, dtype, act_order, damp, refit=refit)
+                                      args, dtype, act_order, damp, refit=refit,
+                                      descent_passes=descent_passes)
                     linears[name].weight.data.copy_(q.weight)
                     quantized[name] = q
 
