@@ -130,7 +130,7 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, tokens: int, args
             g = int(perm[col]) // gs
             s, z = scale[:, g].float(), zero[:, g].float()
             w = W1[:, i]
-            q = (torch.clamp(torch.round(w / s) + z, qmin, qmax) - z) * s
+            q = _on_grid(w, s, z, qmin, qmax)
             Q[:, col] = q
             err = (w - q) / Hinv1[i, i]
             W1[:, i:] -= err.unsqueeze(1) * Hinv1[i, i:].unsqueeze(0)
@@ -172,13 +172,19 @@ def descend_codes(weight: torch.Tensor, quantized: torch.Tensor, scale: torch.Te
             moved = torch.zeros(rows, b1 - b0, dtype=W.dtype, device=W.device)
             for i, col in enumerate(range(b0, b1)):
                 want = Q[:, col] + block[:, i] / diagonal[col]
-                q = (torch.clamp(torch.round(want / s[:, col]) + z[:, col], qmin, qmax)
-                     - z[:, col]) * s[:, col]
+                q = _on_grid(want, s[:, col], z[:, col], qmin, qmax)
                 moved[:, i] = q - Q[:, col]
                 Q[:, col] = q
                 block -= moved[:, i:i + 1] * H[col, b0:b1].unsqueeze(0)
             gradient -= moved @ H[b0:b1]     # all columns (the block's own: as block has)
     return Q[:, torch.argsort(order)]
+
+
+def _on_grid(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, qmin: float,
+             qmax: float) -> torch.Tensor:
+    """The grid value nearest w, (clamp(round(w / s) + z) - z) s: GPTQ's column pass and the
+    descent round alike, so the descent starts on the codes GPTQ stored."""
+    return (torch.clamp(torch.round(w / scale) + zero, qmin, qmax) - zero) * scale
 
 
 def refit_group_scales(weight: torch.Tensor, quantized: torch.Tensor, scale: torch.Tensor,
