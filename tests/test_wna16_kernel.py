@@ -68,14 +68,16 @@ def test_default_configs_keep_k_tiles_inside_groups():
             assert group % bk == 0 or bk % group == 0
 
 
-@pytest.mark.parametrize("group", [32, 128])
+# (K, group): tiles of whole groups (32, 128: the 256-wide tile's last one partial), one group
+# a tile (512 in K = 1,024; the whole row, 384), and groups that straddle tiles (96)
+@pytest.mark.parametrize("k,group", [(384, 32), (384, 128), (1024, 512), (384, 384), (384, 96)])
 @pytest.mark.parametrize("bits,zeros", [(4, False), (4, True), (8, True)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_prefill_dequantization_equals_the_reference(group, bits, zeros, dtype):
+def test_prefill_dequantization_equals_the_reference(k, group, bits, zeros, dtype):
     """The weight that prefill hands to cuBLAS (kernels/wna16_dequant.py) is the reference
-    dequantization bit for bit, over partial tiles (N = 40, K = 384)."""
+    dequantization bit for bit, over partial tiles (N = 40)."""
     from autoglm_serve.kernels import wna16_dequant
-    qw, s, z = random_quantized(40, 384, bits, group, zeros, dtype)
+    qw, s, z = random_quantized(40, k, bits, group, zeros, dtype)
     got = wna16_dequant.dequantize(qw, s, z, bits, group, dtype)
     assert torch.equal(got, dequantize(qw, s, z, bits, dtype))
 
