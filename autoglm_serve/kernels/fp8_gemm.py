@@ -36,7 +36,7 @@ import triton.language as tl
 
 from autoglm_serve.kernels import next_power_of_2, pdl
 from autoglm_serve.kernels.gemv import finish_split_k, split_k_range, workspace
-from autoglm_serve.kernels.pdl import wait_for_previous_grid
+from autoglm_serve.kernels.pdl import let_dependents_launch, wait_for_previous_grid
 
 ENABLED = True
 MAX_ROWS = 512        # more: _scaled_mm's large tiles have programs enough
@@ -137,6 +137,7 @@ def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr,
             w = tl.load(w_tile + k, mask=k_mask, other=0.0)
             x = tl.load(x_tile + k, mask=k_mask, other=0.0)
         acc = tl.dot(w, tl.trans(x), acc, max_num_imprecise_acc=BLOCK_K)
+    let_dependents_launch(PDL)
     # scaled before the split-K reduction: linear, so each partial may be
     x_scale = tl.load(xs_ptr + x_rows)
     out = acc * tl.load(ws_ptr + rows)[:, None] * x_scale[None, :]

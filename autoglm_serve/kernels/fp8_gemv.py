@@ -42,7 +42,7 @@ from autoglm_serve.kernels.gemv import (GemvConfig, as_rows, default_split_k, fi
                                         launch_buffers, load_k_tile, reduce_accumulators,
                                         row_tiles, rows_bucket, split_k_range,
                                         zero_accumulators)
-from autoglm_serve.kernels.pdl import wait_for_previous_grid
+from autoglm_serve.kernels.pdl import let_dependents_launch, wait_for_previous_grid
 
 ENABLED = True
 MAX_ROWS = 8
@@ -144,6 +144,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr, count_p
             acc += w.to(tl.float32) * xq
             if GATED:
                 acc_up += w2.to(tl.float32) * xq
+    let_dependents_launch(PDL)
     out, out_up = reduce_accumulators(acc, acc_up, USE_DOT)
     out = out * x_scale[None, :] * tl.load(ws_ptr + rows)[:, None]
     if GATED:

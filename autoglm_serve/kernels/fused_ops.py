@@ -22,7 +22,7 @@ import triton.language as tl
 from autoglm_serve.kernels import next_power_of_2, pdl
 from autoglm_serve.kernels.fp8_rows import FP8, Fp8Rows, row_codes, row_scale
 from autoglm_serve.kernels.kv_write import rotate_pairs
-from autoglm_serve.kernels.pdl import wait_for_previous_grid
+from autoglm_serve.kernels.pdl import let_dependents_launch, wait_for_previous_grid
 
 ENABLED = True
 
@@ -54,6 +54,7 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, first_w_ptr, a
     x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * n_cols + cols, mask=mask, other=0.0)
+    let_dependents_launch(PDL)
     if NORM_X_FIRST:
         # x is a sublayer's output that has its own norm before the residual add (GLM-4)
         x = _weighted_rms_norm(x, first_w, n_cols, first_eps)

@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from autoglm_serve.kernels import next_power_of_2, pdl
-from autoglm_serve.kernels.pdl import wait_for_previous_grid
+from autoglm_serve.kernels.pdl import let_dependents_launch, wait_for_previous_grid
 
 logger = logging.getLogger(__name__)
 
@@ -251,6 +251,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr, M, N, K,
             acc += w.to(tl.float32) * xf
             if GATED:
                 acc_up += w2.to(tl.float32) * xf
+    let_dependents_launch(PDL)
     out, out_up = reduce_accumulators(acc, acc_up, USE_DOT)
     finish_split_k(y_ptr, bias_ptr, partial_ptr, count_ptr, out, out_up, rows, offs_m, offs_n,
                    pid_n, pid_k, M, N, HAS_BIAS, GATED, SPLIT_K)

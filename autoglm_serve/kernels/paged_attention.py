@@ -30,7 +30,7 @@ import triton.language as tl
 
 from autoglm_serve.kernels import next_power_of_2, pdl
 from autoglm_serve.kernels.kv_write import load_rotated
-from autoglm_serve.kernels.pdl import wait_for_previous_grid
+from autoglm_serve.kernels.pdl import let_dependents_launch, wait_for_previous_grid
 
 LOG2E = 1.4426950408889634
 
@@ -326,6 +326,7 @@ def _decode_kernel(out_ptr, part_out_ptr, part_lse_ptr, counters_ptr, q_ptr, cac
                                   block_tables_ptr + seq.to(tl.int64) * stride_bt, m_i, lo,
                                   hi_cached, scale_log2, stride_c_block, stride_c_tok,
                                   False, TILE_N, BLOCK_SIZE, HEAD_DIM, BLOCK_D, PRECISION)
+    let_dependents_launch(PDL)
     if WRITE_KV:
         if holds_new:
             acc, l_i, m_i = _fold_new_token(acc, l_i, m_i, q, k_new_ptr, v_new_ptr, slot_ptr,

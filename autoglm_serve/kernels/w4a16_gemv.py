@@ -41,7 +41,7 @@ import triton.language as tl
 from autoglm_serve.kernels import next_power_of_2, pdl
 from autoglm_serve.kernels.gemv import (GemvConfig, as_rows, default_split_k, finish_split_k,
                                         launch_buffers, rows_bucket, split_k_range)
-from autoglm_serve.kernels.pdl import wait_for_previous_grid
+from autoglm_serve.kernels.pdl import let_dependents_launch, wait_for_previous_grid
 
 ENABLED = True
 MAX_ROWS = 16           # the decode CUDA graphs' batch sizes 1, 2, 4, 8, 16
@@ -363,6 +363,8 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
                 acc_up = _tile_cuda_cores(acc_up, p2, sc_up, z_up, xs, even_exp, odd_exp,
                                           HAS_ZEROS)
         sc, z, sc_up, z_up = sc_next, z_next, sc_up_next, z_up_next
+    if not USE_DOT:     # the tensor-core path signals at exit (kernels/pdl.py says why)
+        let_dependents_launch(PDL)
     if USE_DOT:
         out = acc
         out_up = acc_up
