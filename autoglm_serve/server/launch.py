@@ -21,7 +21,11 @@ logger = logging.getLogger("autoglm_serve.server")
 def bind_socket(host: str, port: int) -> socket.socket:
     """Bound before the (slow) model load, so a busy port fails in a second, not a minute."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, not 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on
+    # sockets that say so, and accepted ones copy the listener's. With it on, a stream's small
+    # chunks waited for the client's delayed ACK: on a kept-alive connection (the OpenAI SDK's),
+    # the first tokens came ~40 ms late, together.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
