@@ -5,19 +5,22 @@
 
 Starts the server as scripts/gpu/phone_agent_bench.py does (AutoGLM-Phone-9B, random weights,
 --step-trace), then sends one agent's episode, step after step (Open-AutoGLM's sampling, 128
-tokens, --ignore-eos), with wall-clock times. For each request, the trace's steps that ended
-between its send and its first token split the TTFT into: before the first step that did its
-work (HTTP, image decoding and hashing, tokenization, the hop to the core), the steps running
-its vision blocks, the steps computing its prompt, and after the step that sampled its first
-token (the token's way back to the client). Two more columns come from the server's own
-histograms (/dashboard/data): "to the engine", the client's TTFT less the server's (the
-client's send to the request's arrival at the engine, its image and prompt prepared, plus the
-first token's way back and any tokens the detokenizer holds while they end mid-character: many
-with --smoke's 256-byte vocabulary, none with the packaged model's), and "queue", arrival to
-first scheduled (the hop to the core, and the launch of the vision tower, which comes before
-the step schedules the prompt; on a CPU, the tower's run). Also times the server's image
-loading alone (multimodal/media.py) on this host's CPU. Prints a table, writes
-$OUT/ttft_timeline.json.
+tokens, --ignore-eos, and logprobs, so that each token comes in a chunk even while the
+detokenizer holds its bytes), with wall-clock times. The TTFT runs to the first token's chunk.
+The trace's steps that ended between the send and then split it into four parts that add up to
+it: before the first step that did the request's work (HTTP, image decoding and hashing,
+tokenization, the hop to the core); the steps running its vision blocks and those computing its
+prompt, each until the device finished it (with async scheduling, at the next step's line,
+which waited for it); and after the step that sampled the first token finished (its way back to
+the client). "Text held" is the first token's chunk to the first text: bytes that end
+mid-character wait in the detokenizer, many with the stand-in byte-level tokenizer of random
+weights, few with a real one. Two more columns come from the server's own histograms
+(/dashboard/data): "to the engine", the client's TTFT less the server's (the client's send to
+the request's arrival at the engine, its image and prompt prepared, plus the first token's way
+back), and "queue", arrival to first scheduled (the hop to the core, and the launch of the
+vision tower, which comes before the step schedules the prompt; on a CPU, the tower's run).
+Also times the server's image loading alone (multimodal/media.py) on this host's CPU. Prints a
+table, writes $OUT/ttft_timeline.json.
 """
 from __future__ import annotations
 
@@ -40,21 +43,29 @@ from autoglm_serve.bench.server_process import ServerProcess, free_port  # noqa:
 
 
 async def send(client: httpx.AsyncClient, base: str, model: str, messages, max_tokens: int):
+    """(sent, first token, first text, end, text). Logprobs are asked for so that every token
+    comes in a chunk of its own: the detokenizer holds bytes that end mid-character, and the
+    stand-in tokenizer of --load-format dummy (one token a byte below id 256) makes many."""
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "stream": True,
-            "temperature": 0, "top_p": 0.85, "frequency_penalty": 0.2, "ignore_eos": True}
+            "temperature": 0, "top_p": 0.85, "frequency_penalty": 0.2, "ignore_eos": True,
+            "logprobs": True}
     sent = time.time()
-    first = None
+    first = first_text = None
     text = []
     async with client.stream("POST", base + "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            delta = json.loads(line[6:])["choices"]
-            if delta and delta[0]["delta"].get("content"):
+            choices = json.loads(line[6:])["choices"]
+            if not choices:
+                continue
+            if choices[0].get("logprobs") or choices[0]["delta"].get("content"):
                 first = first or time.time()
-                text.append(delta[0]["delta"]["content"])
-    return sent, first, time.time(), "".join(text)
+            if choices[0]["delta"].get("content"):
+                first_text = first_text or time.time()
+                text.append(choices[0]["delta"]["content"])
+    return sent, first, first_text, time.time(), "".join(text)
 
 
 SERVER_HISTOGRAMS = {"server_ttft_ms": "vllm:time_to_first_token_seconds",
@@ -83,29 +94,46 @@ async def server_times(client: httpx.AsyncClient, base: str, before: dict) -> di
 
 
 def attribute(steps: list[dict], sent: float, first: float) -> dict:
-    """The request's TTFT in parts, from the steps that ended inside (sent, first]."""
+    """The request's TTFT in parts that add up to it, from the steps that ended inside
+    (sent, first]. A step's work is done when its line is written if it synced, else (async
+    scheduling: its line is written once it is launched) when the next line is, which waited
+    for it on the device. Each work step is charged the wall time from the completion of the
+    one before it (the first: from its own start) to its own completion."""
     mine = [s for s in steps if sent < s["t"] <= first]
-    work = [s for s in mine if s.get("encoder_tokens") or s["prompt_tokens"]]
+    work = [i for i, s in enumerate(mine) if s.get("encoder_tokens") or s["prompt_tokens"]]
     if not work:
         return {"steps": len(mine)}
-    begin = work[0]["t"] - work[0]["ms"] / 1e3
+
+    def completed(i: int) -> float | None:
+        if mine[i].get("sync_ms") is not None or "sync_ms" not in mine[i]:
+            return mine[i]["t"]
+        return mine[i + 1]["t"] if i + 1 < len(mine) else None
+
+    if completed(work[-1]) is None:
+        return {"steps": len(mine)}     # the trace lacks the line that completed it
+    begin = mine[work[0]]["t"] - mine[work[0]]["ms"] / 1e3
+    parts = {"vision_ms": 0.0, "prompt_ms": 0.0}
+    done = begin
+    for i in work:
+        end = completed(i)
+        parts["vision_ms" if mine[i].get("encoder_tokens") else "prompt_ms"] += 1e3 * (end - done)
+        done = end
+    chosen = [mine[i] for i in work]
     return dict(
-        ttft_ms=1e3 * (first - sent), before_ms=1e3 * (begin - sent),
-        vision_ms=sum(s["ms"] for s in work if s.get("encoder_tokens")),
-        prompt_ms=sum(s["ms"] for s in work if not s.get("encoder_tokens")),
-        after_ms=1e3 * (first - work[-1]["t"]), steps=len(mine), work_steps=len(work),
-        prompt_tokens=sum(s["prompt_tokens"] for s in work),
-        encoder_tokens=sum(s.get("encoder_tokens", 0) for s in work),
-        launch_ms=sum(s.get("launch_ms", 0) for s in work),
-        encode_ms=sum(s.get("encode_ms", 0) for s in work),
-        wait_ms=sum(s.get("wait_ms", 0) for s in work),
-        sync_ms=sum(s.get("sync_ms") or 0 for s in work))
+        ttft_ms=1e3 * (first - sent), before_ms=1e3 * (begin - sent), **parts,
+        after_ms=1e3 * (first - done), steps=len(mine), work_steps=len(work),
+        prompt_tokens=sum(s["prompt_tokens"] for s in chosen),
+        encoder_tokens=sum(s.get("encoder_tokens", 0) for s in chosen),
+        launch_ms=sum(s.get("launch_ms", 0) for s in chosen),
+        encode_ms=sum(s.get("encode_ms", 0) for s in chosen),
+        wait_ms=sum(s.get("wait_ms", 0) for s in chosen),
+        sync_ms=sum(s.get("sync_ms") or 0 for s in chosen))
 
 
 def print_decode_steps(steps: list[dict], times: list, max_tokens: int) -> None:
     """The episode's decode-only steps against the client's time per output token: where the
     core's loop (schedule, launch, wait for the device, the gap to the next step) goes."""
-    inside = [s for s in steps if any(first < s["t"] <= end for _, first, end, _ in times)]
+    inside = [s for s in steps if any(first < s["t"] <= end for _, first, _, end, _ in times)]
     decode = [s for s in inside if s["decode_rows"] and not s["prompt_tokens"]
               and not s.get("encoder_tokens")]
     if len(decode) < 2:
@@ -117,7 +145,7 @@ def print_decode_steps(steps: list[dict], times: list, max_tokens: int) -> None:
           f"{med['schedule_ms']:.2f} + launch {med['launch_ms']:.2f} + wait {med['wait_ms']:.2f}"
           f" (+ the rest of the loop); step end to step end {statistics.median(gaps):.2f} ms; "
           f"the client's time per output token "
-          f"{statistics.median(1e3 * (e - f) / (max_tokens - 1) for _, f, e, _ in times):.2f} ms")
+          f"{statistics.median(1e3 * (e - f) / (max_tokens - 1) for _, f, _, e, _ in times):.2f} ms")
 
 
 def media_load_ms(image_b64: str, repeats: int = 5) -> float:
@@ -137,8 +165,9 @@ async def episode(base: str, model: str, steps: int, max_tokens: int, seed: int)
         for step in range(steps):
             messages = ep.add_screen(step, screenshot_png_base64(seed, 0, step))
             sums = await server_sums(client, base)
-            sent, first, end, text = await send(client, base, model, messages, max_tokens)
-            out.append((sent, first, end, await server_times(client, base, sums)))
+            sent, first, first_text, end, text = await send(client, base, model, messages,
+                                                            max_tokens)
+            out.append((sent, first, first_text, end, await server_times(client, base, sums)))
             ep.add_reply(text or "<think>ok</think><answer>do(action=\"Back\")</answer>")
     return out
 
@@ -180,20 +209,21 @@ def main() -> None:
     with open(trace) as f:
         steps = [json.loads(line) for line in f]
     rows = []
-    for i, (sent, first, end, server) in enumerate(times):
-        row = dict(step=i, **attribute(steps, sent, first), step_ms=1e3 * (end - sent), **server)
+    for i, (sent, first, first_text, end, server) in enumerate(times):
+        row = dict(step=i, **attribute(steps, sent, first), step_ms=1e3 * (end - sent),
+                   held_ms=1e3 * ((first_text or end) - first), **server)
         if "ttft_ms" in row and server:
             # the client's send to the engine's arrival, plus the first token's way back
             row["to_engine_ms"] = row["ttft_ms"] - server["server_ttft_ms"]
         rows.append(row)
     load_ms = media_load_ms(screenshot_png_base64(1, 0, 0))
     keys = ("ttft_ms", "before_ms", "to_engine_ms", "queue_ms", "vision_ms", "prompt_ms",
-            "after_ms", "step_ms")
+            "after_ms", "held_ms", "step_ms")
     print(f"the server's image loading alone (decode, RGB, hash) on this CPU: {load_ms:.1f} ms")
     print("| step | TTFT ms | before ms | to the engine ms | queue ms | vision steps ms | "
-          "prompt steps ms | after ms | step latency ms | work steps | prompt tokens | "
-          "vision tokens |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "prompt steps ms | after ms | text held ms | step latency ms | work steps | "
+          "prompt tokens | vision tokens |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         cells = " | ".join(f"{r[k]:.1f}" if k in r else "—" for k in keys)
         print(f"| {r['step']} | {cells} | {r.get('work_steps', '—')} | "
