@@ -64,7 +64,7 @@ def test_refit_is_the_least_squares_optimum():
     hessian = x.t() @ x
     args = weight_args("gptq", group_size=GROUP, act_order=True, symmetric=False)
     plain = gptq_quantize(w, hessian, len(x), args, torch.float32, act_order=True, refit=False)
-    refit_weight, refit_scale = refit_group_scales(w, plain.weight, plain.scale, hessian,
+    refit_weight, refit_scale = refit_group_scales(w, plain.weight, plain.scale, hessian, args,
                                                    rows_per_solve=5)   # chunks of rows: uneven
     codes = torch.round(plain.weight / plain.scale.repeat_interleave(GROUP, 1)).double()
     root = torch.linalg.cholesky(hessian.double()).t()     # H = root^T root
