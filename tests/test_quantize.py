@@ -109,7 +109,7 @@ def test_cli_quantize_and_bad_group_size(tmp_path, capsys):
         main(["quantize", str(source), "--method", "rtn", "--act-order", "--out", str(tmp_path / "bad")])
     with pytest.raises(SystemExit) as help_exit:
         main(["quantize", "--help"])
-    assert help_exit.value.code == 0 and "--method {rtn,gptq,awq,fp8}" in capsys.readouterr().out
+    assert help_exit.value.code == 0 and "--method {rtn,gptq,awq,fp8,gptq-fp8}" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("arch", ["glm4v", "llama"])

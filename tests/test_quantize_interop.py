@@ -31,7 +31,7 @@ def assert_close(engine_runs, reference, prompts, tol):
 
 
 @pytest.mark.parametrize("method,options", [("rtn", {}), ("fp8", {}),
-                                            ("gptq", {"symmetric": False})])
+                                            ("gptq", {"symmetric": False}), ("gptq-fp8", {})])
 def test_tiny_glm4v_checkpoint_matches_transformers(tmp_path, method, options):
     from transformers import CompressedTensorsConfig, Glm4vForConditionalGeneration
     _, quantized = make_tiny_quantized_glm4v(tmp_path, method, **options)

@@ -12,9 +12,9 @@ costs. Measured by this test (2026-12-06, 1 thread, as CI runs it), prose / Apac
 unquantized 22.09 / 14.50; RTN group 32 with zero points +9.7% / +20.9%; GPTQ group 32
 act-order with zero points, 48 samples, refit scales, with its coordinate descent (gptq.py)
 +4.9% / +10.9%, without it +4.0% / +14.2%; FP8 (weights, scales searched, and per-token
-activations) +1.0% / +4.5% (on GPL-3 +4.6%, its weights alone +3.2%). Issue 12's 3% for
-calibrated int4 is met on neither text, its 1% for FP8 on the prose only. RTN, GPTQ and FP8 all
-keep the greedy answer "Paris".
+activations) +1.0% / +4.5% (on GPL-3 +4.6%, its weights alone +3.2%); gptq-fp8 (the same
+format, weights by GPTQ) +0.8% / +3.4%. Issue 12's 3% for calibrated int4 is met on neither
+text, its 1% for FP8 on the prose only. Every variant keeps the greedy answer "Paris".
 """
 import copy
 from pathlib import Path
@@ -40,7 +40,8 @@ def checkpoints(tmp_path_factory):
     out = {"unquantized": source}
     # int4: the best variants, group 32 with zero points (GPTQ with act-order, default samples)
     options = {"rtn": dict(group_size=32, symmetric=False),
-               "gptq": dict(group_size=32, act_order=True, symmetric=False), "fp8": {}}
+               "gptq": dict(group_size=32, act_order=True, symmetric=False), "fp8": {},
+               "gptq-fp8": {}}
     for method, kw in options.items():
         out[method] = write_quantized_checkpoint(copy.deepcopy(source), base / method, method,
                                                  max_tokens=512, dtype=torch.float32, **kw)
@@ -53,7 +54,7 @@ def _load(checkpoints, name):
         return checkpoints[name].model, checkpoints[name].tokenizer
     path = checkpoints[name]
     # zero points: transformers loads them through its dequantize-at-load path (README)
-    kw = {} if name == "fp8" else {"quantization_config": CompressedTensorsConfig(dequantize=True)}
+    kw = {} if "fp8" in name else {"quantization_config": CompressedTensorsConfig(dequantize=True)}
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw).eval()
     return model, AutoTokenizer.from_pretrained(path)
 
@@ -62,7 +63,7 @@ def _load(checkpoints, name):
 def results(checkpoints):
     from autoglm_serve.quantize.perplexity import perplexity
     out = {}
-    for name in ("unquantized", "rtn", "gptq", "fp8"):
+    for name in ("unquantized", "rtn", "gptq", "fp8", "gptq-fp8"):
         model, tok = _load(checkpoints, name)
         ppl = {text: perplexity(model, tok(content, return_tensors="pt").input_ids)
                for text, content in TEXTS.items()}
@@ -86,6 +87,13 @@ def test_fp8_perplexity_bounded(results):
     assert fp8["apache"] <= base["apache"] * 1.055   # measured +4.5%
 
 
+def test_calibrated_fp8_perplexity_bounded(results):
+    base, fp8, gptq = (results[name][0] for name in ("unquantized", "fp8", "gptq-fp8"))
+    assert gptq["prose"] <= base["prose"] * 1.01      # the issue's 1%; measured +0.8%
+    assert gptq["apache"] <= base["apache"] * 1.04    # measured +3.4%
+    assert gptq["apache"] < fp8["apache"]
+
+
 def test_w4a16_perplexity_bounded(results):
     base, rtn, gptq = (results[name][0] for name in ("unquantized", "rtn", "gptq"))
     # int4 costs something: these are real int4 weights
@@ -96,7 +104,7 @@ def test_w4a16_perplexity_bounded(results):
     assert gptq["apache"] <= base["apache"] * 1.12   # +10.9%; without the descent +14.2%
 
 
-@pytest.mark.parametrize("name", ["unquantized", "rtn", "gptq", "fp8"])
+@pytest.mark.parametrize("name", ["unquantized", "rtn", "gptq", "fp8", "gptq-fp8"])
 def test_greedy_answers_still_right(results, name):
     for (question, expected), answer in zip(QUESTIONS, results[name][1]):
         assert expected in answer, (question, answer)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from autoglm_serve.quantize.methods import DEFAULT_NUM_SAMPLES, METHODS
+from autoglm_serve.quantize.methods import DEFAULT_NUM_SAMPLES, FP8_METHODS, METHODS
 
 _DTYPES = ("bfloat16", "float16", "float32")
 
@@ -13,16 +13,18 @@ def add_quantize_subcommand(subparsers: argparse._SubParsersAction) -> argparse.
         "quantize", help="write a W4A16 or FP8 compressed-tensors checkpoint (vLLM and transformers load it)",
         description="Quantize MODEL (default: the embedded SmolLM2-135M-Instruct) and write a "
                     "compressed-tensors checkpoint to --out. W4A16 (rtn, gptq, awq): int4 "
-                    "weights in groups (symmetric, or with --zero-points), packed. fp8: float8 "
-                    "weights per output channel, activations per token at run time. lm_head and "
-                    "a vision tower stay unquantized. Serve the result with "
+                    "weights in groups (symmetric, or with --zero-points), packed. FP8 (fp8, "
+                    "gptq-fp8): float8 weights per output channel, activations per token at run "
+                    "time. lm_head and a vision tower stay unquantized. Serve the result with "
                     "`autoglm-serve serve DIR --quantization compressed-tensors`.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("model", nargs="?", default=None,
                    help="a local HF checkpoint directory or .gguf file (default: the embedded model)")
     p.add_argument("--method", choices=METHODS, default="gptq",
                    help="rtn: round to nearest, no calibration; gptq, awq: calibrated on the "
-                        "built-in agent conversations; fp8: FP8 weights + dynamic per-token activations")
+                        "built-in agent conversations; fp8: FP8 weights rounded to nearest + "
+                        "dynamic per-token activations; gptq-fp8: the same format, its weights "
+                        "chosen by GPTQ on the calibration set")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--group-size", type=int, default=None,
                    help="int4 weights per scale (default: 128, halved until it divides every layer width)")
@@ -46,9 +48,9 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
     from autoglm_serve.quantize.pipeline import write_quantized_checkpoint
 
-    if args.method == "fp8" and (args.group_size is not None or args.act_order):
+    if args.method in FP8_METHODS and (args.group_size is not None or args.act_order):
         raise SystemExit("--group-size and --act-order are for the int4 methods (rtn, gptq, awq)")
-    if args.method == "fp8" and args.zero_points:
+    if args.method in FP8_METHODS and args.zero_points:
         raise SystemExit("--zero-points is for the int4 methods (rtn, gptq, awq)")
     if args.act_order and args.method != "gptq":
         raise SystemExit("--act-order needs --method gptq")

@@ -11,7 +11,8 @@ from autoglm_serve.quantize.calibration import calibration_samples
 from autoglm_serve.quantize.checkpoint_writer import write_checkpoint
 from autoglm_serve.quantize.gptq import (DEFAULT_DAMP, DESCENT_PASSES, HessianObserver,
                                          gptq_quantize)
-from autoglm_serve.quantize.methods import CALIBRATED_METHODS, DEFAULT_NUM_SAMPLES, Method
+from autoglm_serve.quantize.methods import (CALIBRATED_METHODS, DEFAULT_NUM_SAMPLES, FP8_METHODS,
+                                            GPTQ_METHODS, Method)
 from autoglm_serve.quantize.rtn import QuantizedWeight, rtn_quantize
 from autoglm_serve.quantize.schemes import (fitting_group_size, ignored_modules,
                                             quantization_config, target_linears)
@@ -44,7 +45,7 @@ def write_quantized_checkpoint(
     hf = source.model.to(device=device, dtype=torch.float32)
     ignore = ignored_modules(hf)
     targets = target_linears(hf, ignore)
-    if method != "fp8":
+    if method not in FP8_METHODS:
         group_size = fitting_group_size(targets, group_size)
     config = quantization_config(method, ignore, group_size or 0, act_order, symmetric)
     args = config.config_groups["group_0"].weights
@@ -63,8 +64,11 @@ def quantize_linears(hf: torch.nn.Module, targets: dict[str, torch.nn.Linear], m
     """Each of `targets`' quantized weight (scales in `dtype`). GPTQ and AWQ calibrate on
     `samples` one decoder layer at a time and replace those layers' weights in `hf` as they go
     (AWQ also folds its scales into the norms and Linears before them); the rest, and every
-    Linear of rtn and fp8, are rounded to nearest and left as they are in `hf`."""
+    Linear of rtn and fp8, are rounded to nearest and left as they are in `hf`. gptq-fp8 always
+    goes in act-order: its one scale a row is fixed before the first column, so the order costs
+    nothing and stores nothing."""
     quantized: dict[str, QuantizedWeight] = {}
+    act_order = act_order or method in FP8_METHODS
 
     if method in CALIBRATED_METHODS:
         def layer_linears(prefix: str, layer: torch.nn.Module) -> dict[str, torch.nn.Linear]:
@@ -100,7 +104,7 @@ def quantize_linears(hf: torch.nn.Module, targets: dict[str, torch.nn.Linear], m
                 quantized[name] = rtn_quantize(linear.weight, args, dtype)
                 linear.weight.data.copy_(quantized[name].weight)
 
-        layer_fn = gptq_layer if method == "gptq" else awq_layer
+        layer_fn = gptq_layer if method in GPTQ_METHODS else awq_layer
         calibrate_layer_by_layer(hf, samples, layer_fn, desc=f"{method} calibration")
 
     for name, linear in targets.items():   # rtn, fp8, and any Linear outside the decoder layers

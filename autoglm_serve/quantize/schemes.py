@@ -2,7 +2,7 @@
 
 W4A16 (rtn, gptq, awq): symmetric int4 weights, one scale per `group_size` input channels,
 16-bit activations; compressed-tensors stores it "pack-quantized" (8 int4 in an int32).
-FP8: float8_e4m3 weights with one scale per output channel and activations quantized per token at
+FP8 (fp8: rounded to nearest; gptq-fp8: by GPTQ): float8_e4m3 weights with one scale per output channel and activations quantized per token at
 run time ("FP8_DYNAMIC"); stored "float-quantized".
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfi
                                              QuantizationScheme, QuantizationStatus,
                                              QuantizationStrategy, QuantizationType)
 
-from autoglm_serve.quantize.methods import Method
+from autoglm_serve.quantize.methods import FP8_METHODS, Method
 
 DEFAULT_GROUP_SIZE = 128
 
@@ -25,7 +25,7 @@ LM_HEAD = "lm_head"
 
 def weight_args(method: Method, group_size: int = DEFAULT_GROUP_SIZE,
                 act_order: bool = False, symmetric: bool = True) -> QuantizationArgs:
-    if method == "fp8":
+    if method in FP8_METHODS:
         return QuantizationArgs(num_bits=8, type=QuantizationType.FLOAT,
                                 strategy=QuantizationStrategy.CHANNEL, symmetric=True,
                                 dynamic=False)
@@ -38,7 +38,7 @@ def weight_args(method: Method, group_size: int = DEFAULT_GROUP_SIZE,
 
 
 def input_args(method: Method) -> QuantizationArgs | None:
-    if method == "fp8":
+    if method in FP8_METHODS:
         return QuantizationArgs(num_bits=8, type=QuantizationType.FLOAT,
                                 strategy=QuantizationStrategy.TOKEN, symmetric=True, dynamic=True,
                                 observer=None)
