@@ -275,13 +275,22 @@ def test_phone_agent_on_our_server_with_a_vision_model(tmp_path):
                        timeout=300)
     try:
         out = tmp_path / "agent"
+        wall_before = time.time()
         proc = bench("serve", "--base-url", srv.base_url, "--model", str(model), "--dataset",
                      "phone-agent", "--agents", "2", "--steps", "3", "--output-len", "8",
                      "--ignore-eos", "--max-concurrency", "2", "--out", str(out))
+        wall_after = time.time()
     finally:
         srv.stop(signal.SIGKILL)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    point = json.loads((out / "results.json").read_text())["points"][0]
+    result = json.loads((out / "results.json").read_text())
+    point = result["points"][0]
+    # the run's window on the wall clock (phone_agent_bench.py selects the server's step trace
+    # with it): inside the bench process's life, after the screenshots were rendered
+    run_start, run_end = (result["t0_unix_s"] + point[k] for k in ("start_s", "end_s"))
+    assert wall_before < run_start < run_end < wall_after
+    assert all(0 <= r["start"] - point["start_s"] and r["end"] <= point["end_s"] + 1e-6
+               for r in point["records"])
     assert point["summary"]["failed"] == 0, point["summary"]["failure_reasons"]
     assert point["phone_agent"]["episodes_completed"] == 2
     assert all(r["output_tokens"] == 8 for r in point["records"])

@@ -170,6 +170,9 @@ async def run_serve_bench(cfg: ServeBenchConfig) -> dict[str, Any]:
         if cfg.warmup:
             await _check_server(http, cfg, requests[0] if requests else None)
         t0 = time.perf_counter()
+        # the wall clock at t0: places the points' and records' times (perf_counter seconds
+        # from t0) beside a server's own wall-clock logs, such as its --step-trace
+        result["t0_unix_s"] = time.time()
         if monitor:
             monitor.start()
         try:

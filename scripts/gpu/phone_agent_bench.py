@@ -141,7 +141,6 @@ def run_point(args, server: ServerProcess, agents: int, mode: str, label: str,
     """One bench run. ``seed`` gives it screenshots and tasks no earlier run sent: a repeated
     seed would be served from the encoder and prefix caches of the runs before it."""
     before = scrape(server.base_url)
-    started = time.time()
     log_start = len(server.log(10 ** 9))
     out_dir = os.path.join(args.out, label)
     cmd = [sys.executable, "-m", "autoglm_serve.cli", "bench", "serve",
@@ -150,10 +149,14 @@ def run_point(args, server: ServerProcess, agents: int, mode: str, label: str,
            "--output-len", str(args.output_len), "--ignore-eos", "--extra-body", EXTRA[mode],
            "--seed", str(seed), "--label", label, "--out", out_dir]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=args.point_timeout_s)
-    ended = time.time()
     after = scrape(server.base_url)
     with open(os.path.join(out_dir, "results.json")) as f:
-        point = json.load(f)["points"][0]
+        result = json.load(f)
+    point = result["points"][0]
+    # the run as the bench timed it (its steps/s's duration), not the bench process's life,
+    # which also renders every screenshot and starts Python: that counted as idle before
+    started = result["t0_unix_s"] + point["start_s"]
+    ended = result["t0_unix_s"] + point["end_s"]
     summary, agent = point["summary"], point["phone_agent"]
     steps = [m.groups() for m in STEP_LOG.finditer(server.log(10 ** 9)[log_start:])]
     busy = [float(s[2]) for s in steps if int(s[3]) > 0]
