@@ -106,11 +106,10 @@ def dequantize(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor 
         _scratch.pop(key, None)     # free the smaller one before taking the larger
         buf = _scratch[key] = torch.empty(n * k, device=qweight.device, dtype=dtype)
     out = buf[:n * k].view(n, k)
-    block_n, block_k = BLOCK_N, BLOCK_K
-    grid = (triton.cdiv(n, block_n), triton.cdiv(k, block_k))
+    grid = (triton.cdiv(n, BLOCK_N), triton.cdiv(k, BLOCK_K))
     _dequant_kernel[grid](qweight, scales, zeros if zeros is not None else scales, out, n, k,
                           qweight.stride(0), scales.stride(0), out.stride(0), GROUP=group,
                           BITS=bits, HAS_ZEROS=zeros is not None,
-                          SCALES=_scales_layout(group, k, block_k), BLOCK_N=block_n,
-                          BLOCK_K=block_k)
+                          SCALES=_scales_layout(group, k, BLOCK_K), BLOCK_N=BLOCK_N,
+                          BLOCK_K=BLOCK_K)
     return out
