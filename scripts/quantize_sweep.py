@@ -29,12 +29,13 @@ def quantize_in_place(model, tokenizer, method: str, num_samples: int, damp: flo
                       descent_passes: int, refit: bool = True) -> None:
     """The checkpoint's weights (pipeline.quantize_linears), written into `model` itself."""
     from autoglm_serve.quantize.calibration import calibration_samples
+    from autoglm_serve.quantize.methods import CALIBRATED_METHODS
     from autoglm_serve.quantize.pipeline import quantize_linears
     from autoglm_serve.quantize.schemes import ignored_modules, target_linears, weight_args
 
     targets = target_linears(model, ignored_modules(model))
     args = weight_args(method, 32, act_order=method == "gptq", symmetric=False)
-    samples = calibration_samples(tokenizer, num_samples) if method != "rtn" else []
+    samples = calibration_samples(tokenizer, num_samples) if method in CALIBRATED_METHODS else []
     with torch.no_grad():
         quantized = quantize_linears(model, targets, method, args, torch.float32, samples,
                                      act_order=method == "gptq", damp=damp, refit=refit,

@@ -2,8 +2,9 @@
 
 W4A16 (rtn, gptq, awq): symmetric int4 weights, one scale per `group_size` input channels,
 16-bit activations; compressed-tensors stores it "pack-quantized" (8 int4 in an int32).
-FP8 (fp8: rounded to nearest; gptq-fp8: by GPTQ): float8_e4m3 weights with one scale per output channel and activations quantized per token at
-run time ("FP8_DYNAMIC"); stored "float-quantized".
+FP8 (fp8: rounded to nearest; gptq-fp8: by GPTQ): float8_e4m3 weights with one scale per output
+channel and activations quantized per token at run time ("FP8_DYNAMIC"); stored
+"float-quantized".
 """
 from __future__ import annotations
 
