@@ -38,7 +38,8 @@ def test_same_outputs_as_synchronous(path, params):
     for mode in (False, True):
         llm = engine(path, mode)
         res = llm.generate(PROMPTS, params)
-        outs[mode] = [[(c.token_ids, c.finish_reason) for c in o.outputs] for o in res]
+        outs[mode] = [[(c.token_ids, c.finish_reason, c.logprobs) for c in o.outputs]
+                      for o in res]
         core = llm.engine.core
         assert core.kv.num_free_blocks == core.kv.num_blocks   # nothing held after the end
         assert core._inflight is None and not core.requests
@@ -102,3 +103,21 @@ def test_cpu_default_hands_each_token_out_with_its_own_step(path):
     assert llm.engine.core.async_scheduling is False
     assert _tokens_after_each_step(llm.engine) == [1, 2, 3]
     assert _tokens_after_each_step(engine(path, True, device="cpu").engine) == [0, 1, 2, 3]
+
+
+def test_logprobs_go_to_the_host_whole():
+    """The async path's copy of a step's logprob tensors (pinned on a GPU) carries every field,
+    in new host memory, the sampled tokens untouched."""
+    import torch
+    from autoglm_serve.engine.core.runner import logprobs_to_host
+    from autoglm_serve.engine.core.sampler import LogprobsTensors, SamplerOutput, compute_logprobs
+    logits = torch.randn(3, 50)
+    tokens = logits.argmax(-1)
+    out = SamplerOutput(tokens, compute_logprobs(logits, tokens, 4))
+    host = logprobs_to_host(out, pin=False)
+    assert host.sampled_token_ids is tokens
+    assert isinstance(host.logprobs, LogprobsTensors)
+    for name in ("sampled_logprobs", "sampled_ranks", "top_token_ids", "top_logprobs"):
+        a, b = getattr(out.logprobs, name), getattr(host.logprobs, name)
+        assert torch.equal(a, b) and a.data_ptr() != b.data_ptr()
+    assert logprobs_to_host(SamplerOutput(tokens, None), pin=False).logprobs is None

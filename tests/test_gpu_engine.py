@@ -30,9 +30,10 @@ SAMPLING = {"greedy": {}, "open-autoglm": dict(top_p=0.85, frequency_penalty=0.2
 
 
 def run(path, dtype, backend, eager, store, sampling="greedy", quantization=None,
-        on_start=lambda: None):
+        on_start=lambda: None, logprobs=None):
     """The reference (torch backend) runs in plain PyTorch: the fused kernels off. on_start:
-    called once the engine is up (its self-checks and graph captures done)."""
+    called once the engine is up (its self-checks and graph captures done). Returns the
+    engine and each prompt's (request id, completion)."""
     from autoglm_serve.kernels import fused_ops
     was = fused_ops.ENABLED
     fused_ops.ENABLED = was and backend != "torch"
@@ -45,10 +46,11 @@ def run(path, dtype, backend, eager, store, sampling="greedy", quantization=None
             for i, r in enumerate(reqs)]
         on_start()
         outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=STEPS,
-                                                    ignore_eos=True, **SAMPLING[sampling]))
+                                                    ignore_eos=True, logprobs=logprobs,
+                                                    **SAMPLING[sampling]))
     finally:
         fused_ops.ENABLED = was
-    return llm, [(o.request_id, o.outputs[0].token_ids) for o in outs]
+    return llm, [(o.request_id, o.outputs[0]) for o in outs]
 
 
 def rel(a, b):
@@ -70,7 +72,7 @@ def test_fast_path_matches_reference_fp32(tmp_path, arch, sampling):
     llm, fast = run(path, "float32", "triton", False, fast_logits, sampling)
     assert llm.engine.core.runner.graphs is not None
     for (rid_a, a), (rid_b, b) in zip(ref, fast):
-        assert a == b
+        assert a.token_ids == b.token_ids
         for x, y in zip(ref_logits[rid_a], fast_logits[rid_b]):
             assert rel(y, x) < 1e-3
 
@@ -84,10 +86,29 @@ def test_fast_path_matches_reference_bf16(tmp_path, arch):
     _, ref = run(path, "bfloat16", "torch", True, ref_logits)
     _, fast = run(path, "bfloat16", "triton", False, fast_logits)
     for (rid_a, a), (rid_b, b) in zip(ref, fast):
+        a, b = a.token_ids, b.token_ids
         assert a[0] == b[0]
         agree = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
         for x, y in zip(ref_logits[rid_a][:agree + 1], fast_logits[rid_b][:agree + 1]):
             assert rel(y, x) < 3e-2
+
+
+def test_logprobs_come_back_from_the_fast_path(tmp_path):
+    """Logprobs on the CUDA fast path (async steps copy them to pinned host memory) equal the
+    reference's in float32, with Open-AutoGLM's sampling: the sampled token's, its rank and
+    the top 3, at every step, from the decode graphs too."""
+    path = build(tmp_path, "glm4")
+    _, ref = run(path, "float32", "torch", True, {}, "open-autoglm", logprobs=3)
+    llm, fast = run(path, "float32", "triton", False, {}, "open-autoglm", logprobs=3)
+    assert llm.engine.core.runner.graphs is not None
+    for (_, a), (_, b) in zip(ref, fast):
+        assert a.token_ids == b.token_ids
+        assert len(a.logprobs) == len(b.logprobs) == STEPS
+        for token, x, y in zip(a.token_ids, a.logprobs, b.logprobs):
+            assert x.keys() == y.keys() and token in y
+            for tid in x:
+                assert x[tid].rank == y[tid].rank
+                assert abs(x[tid].logprob - y[tid].logprob) < 1e-3
 
 
 @pytest.mark.parametrize("arch,eager", [("glm4", True), ("glm4-real-shapes", False)])
@@ -116,7 +137,7 @@ def test_fp8_layers_take_the_norms_quantized_rows_bitwise(tmp_path, arch, eager,
                on_start=given.clear)
     assert not any(given) and (given or not eager)
     for (rid_a, ta), (rid_b, tb) in zip(a, b):
-        assert ta == tb
+        assert ta.token_ids == tb.token_ids
         for x, y in zip(with_rows[rid_a], own_pass[rid_b]):
             assert torch.equal(x, y)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import nn
@@ -62,16 +62,18 @@ def _plain_greedy(req: Request) -> bool:
             and len(req.output_token_ids) + req.num_inflight >= req.sampling_params.min_tokens)
 
 
-def _to_pinned_host(out: SamplerOutput) -> SamplerOutput:
-    """The logprob tensors copied to pinned host memory without waiting (read once the step's
-    event has fired): a blocking copy would wait for the step queued after this one."""
+def logprobs_to_host(out: SamplerOutput, pin: bool = True) -> SamplerOutput:
+    """The logprob tensors copied to (pinned) host memory without waiting (read once the
+    step's event has fired): a blocking copy would wait for the step queued after this one."""
     lp = out.logprobs
     if lp is None:
         return out
-    host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in lp]
-    for h, t in zip(host, lp):
-        h.copy_(t, non_blocking=True)
-    return SamplerOutput(out.sampled_token_ids, type(lp)(*host))
+    host = {}
+    for f in fields(lp):
+        t = getattr(lp, f.name)
+        host[f.name] = torch.empty(t.shape, dtype=t.dtype, pin_memory=pin)
+        host[f.name].copy_(t, non_blocking=True)
+    return SamplerOutput(out.sampled_token_ids, replace(lp, **host))
 
 
 class ModelRunner:
@@ -280,7 +282,7 @@ class ModelRunner:
             host = self._pinned_tokens(tokens.shape[0])
             host.copy_(tokens, non_blocking=True)
             if out is not None:
-                out = _to_pinned_host(out)
+                out = logprobs_to_host(out)
             done = torch.cuda.Event()
             done.record()
         else:
