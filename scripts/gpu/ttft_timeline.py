@@ -5,8 +5,9 @@
 
 Starts the server as scripts/gpu/phone_agent_bench.py does (AutoGLM-Phone-9B, random weights,
 --step-trace), then sends one agent's episode, step after step (Open-AutoGLM's sampling, 128
-tokens, --ignore-eos, and logprobs, so that each token comes in a chunk even while the
-detokenizer holds its bytes), with wall-clock times. The TTFT runs to the first token's chunk.
+tokens, --ignore-eos; with --logprobs also logprobs, so that each token comes in a chunk even
+while the detokenizer holds its bytes, at the price of a log-softmax over the vocabulary every
+decode step), with wall-clock times. The TTFT runs to the first token's chunk.
 The trace's steps that ended between the send and then split it into four parts that add up to
 it: before the first step that did the request's work (HTTP, image decoding and hashing,
 tokenization, the hop to the core); the steps running its vision blocks and those computing its
@@ -42,18 +43,20 @@ from autoglm_serve.bench.screenshots import screenshot_png_base64  # noqa: E402
 from autoglm_serve.bench.server_process import ServerProcess, free_port  # noqa: E402
 
 
-async def send(client: httpx.AsyncClient, base: str, model: str, messages, max_tokens: int):
-    """(sent, first token, first text, end, text). Logprobs are asked for so that every token
-    comes in a chunk of its own: the detokenizer holds bytes that end mid-character, and the
-    stand-in tokenizer of --load-format dummy (one token a byte below id 256) makes many."""
+async def send(client: httpx.AsyncClient, base: str, model: str, messages, max_tokens: int,
+               logprobs: bool):
+    """(sent, first token, first text, end, text). With logprobs every token comes in a chunk
+    of its own: the detokenizer holds bytes that end mid-character (the smoke's byte-level
+    tokenizer makes many; --load-format dummy's stand-in mostly samples whole fillers)."""
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "stream": True,
             "temperature": 0, "top_p": 0.85, "frequency_penalty": 0.2, "ignore_eos": True,
-            "logprobs": True}
+            "logprobs": logprobs}
     sent = time.time()
     first = first_text = None
     text = []
     async with client.stream("POST", base + "/v1/chat/completions", json=body) as r:
-        r.raise_for_status()
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread()).decode()[:2000]}")
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -158,7 +161,8 @@ def media_load_ms(image_b64: str, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-async def episode(base: str, model: str, steps: int, max_tokens: int, seed: int) -> list:
+async def episode(base: str, model: str, steps: int, max_tokens: int, seed: int,
+                  logprobs: bool) -> list:
     ep = PhoneEpisode(0, TASKS[seed % len(TASKS)])
     out = []
     async with httpx.AsyncClient(timeout=300) as client:
@@ -166,7 +170,7 @@ async def episode(base: str, model: str, steps: int, max_tokens: int, seed: int)
             messages = ep.add_screen(step, screenshot_png_base64(seed, 0, step))
             sums = await server_sums(client, base)
             sent, first, first_text, end, text = await send(client, base, model, messages,
-                                                            max_tokens)
+                                                            max_tokens, logprobs)
             out.append((sent, first, first_text, end, await server_times(client, base, sums)))
             ep.add_reply(text or "<think>ok</think><answer>do(action=\"Back\")</answer>")
     return out
@@ -178,6 +182,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--server-args", default="")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--logprobs", action="store_true",
+                    help="ask for logprobs (each token in its own chunk); the smoke always does")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/ttft_timeline"))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -188,7 +194,7 @@ def main() -> None:
         path = make_tiny_glm4v(os.path.join(args.out, "tiny-glm4v"))
         serve += [str(path), "--max-model-len", "4096", "--mm-processor-kwargs",
                   '{"max_pixels": 200000}']
-        args.steps, args.max_tokens = 3, 8
+        args.steps, args.max_tokens, args.logprobs = 3, 8, True
     else:
         serve += [model, "--load-format", "dummy", "--max-model-len", "25480",
                   "--mm-processor-kwargs", '{"max_pixels": 5000000}',
@@ -202,8 +208,12 @@ def main() -> None:
                            cwd=ROOT).start(timeout_s=600)
     try:
         # a first episode warms what a first request pays once (compiles, plans)
-        asyncio.run(episode(server.base_url, model, 2, args.max_tokens, 100))
-        times = asyncio.run(episode(server.base_url, model, args.steps, args.max_tokens, 1))
+        asyncio.run(episode(server.base_url, model, 2, args.max_tokens, 100, args.logprobs))
+        times = asyncio.run(episode(server.base_url, model, args.steps, args.max_tokens, 1,
+                                    args.logprobs))
+    except Exception:
+        print(f"the server's log, its end:\n{server.log(6000)}", file=sys.stderr)
+        raise
     finally:
         server.stop()
     with open(trace) as f:
