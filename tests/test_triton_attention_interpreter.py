@@ -96,22 +96,27 @@ def test_decode_partitions_capped_per_sm():
     check_decode_merge(DecodeSplit(16, 64, 5), b)
 
 
-def test_decode_small_batch_tiles():
-    # 700 tokens over 11 one-tile partitions of the 64, merged (and a padding row)
+@pytest.mark.parametrize("lens", [[700], [700, 300]], ids=["one_sequence", "two"])
+def test_decode_small_batch_tiles(lens):
+    # 700 tokens over 11 one-tile partitions of the 64, merged 16 partial rows at a load for
+    # one sequence (the last load part masked), 4 for two (and a padding row)
     from autoglm_serve.kernels.paged_attention import SMALL_BATCH_DECODE_TILES, decode_split
     assert SMALL_BATCH_DECODE_TILES.parts_scale == 2.0
-    b = make_batch([700], [], num_heads=8, num_kv_heads=2, head_dim=16, block_size=16,
+    b = make_batch(lens, [], num_heads=8, num_kv_heads=2, head_dim=16, block_size=16,
                    dtype=torch.float32, device="cpu", padding_rows=1)
-    check_decode_merge(decode_split(1, 2, 132), b)
+    split = decode_split(len(lens), 2, 132)
+    assert split.tiles.merge_tile == (16 if len(lens) == 1 else 4)
+    check_decode_merge(split, b)
 
 
 def test_decode_split_from_the_batch_shape():
     # An H200 (132 SMs), 2 KV heads: batch 1 spreads over the whole grid in one-tile chunks;
     # once the (sequence, KV head) pairs fill the SMs, chunks are 256 tokens and the grid narrows.
-    # Up to 2 sequences (4 pairs) take the small-batch tiles.
-    from autoglm_serve.kernels.paged_attention import (DECODE_TILES, SMALL_BATCH_DECODE_TILES,
-                                                       DecodeSplit, decode_split)
-    assert decode_split(1, 2, 132) == DecodeSplit(64, 64, 132, SMALL_BATCH_DECODE_TILES)
+    # Up to 2 sequences (4 pairs) take the small-batch tiles, one sequence its wider merge.
+    from autoglm_serve.kernels.paged_attention import (DECODE_TILES, ONE_SEQUENCE_DECODE_TILES,
+                                                       SMALL_BATCH_DECODE_TILES, DecodeSplit,
+                                                       decode_split)
+    assert decode_split(1, 2, 132) == DecodeSplit(64, 64, 132, ONE_SEQUENCE_DECODE_TILES)
     assert decode_split(2, 2, 132) == DecodeSplit(64, 64, 132, SMALL_BATCH_DECODE_TILES)
     assert decode_split(3, 2, 132) == DecodeSplit(64, 64, 132, DECODE_TILES)
     assert decode_split(8, 2, 132) == DecodeSplit(64, 64, 132, DECODE_TILES)

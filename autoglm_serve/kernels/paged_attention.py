@@ -44,12 +44,14 @@ class DecodeTiles(NamedTuple):
     """The decode kernel's shape: tile_n context tokens x head_dim per K/V load, its warps and
     pipeline depth, and parts_scale times the partition count that balances the KV each
     partition reads against the partial rows its merge reads (see _partitioning); fill_programs:
-    also at most the partitions that give each SM that many programs (None: the grid's width)."""
+    also at most the partitions that give each SM that many programs (None: the grid's width);
+    merge_tile: the partial rows the merging program loads at once (_merge_partitions)."""
     tile_n: int
     num_warps: int
     num_stages: int | None = None   # None: as many K/V tiles in flight as shared memory holds
     parts_scale: float = 1.0
     fill_programs: float | None = None
+    merge_tile: int = 4
 
 
 # 64 tokens a tile in 2 warps (scripts/gpu/decode_tiles_sweep.py on an H200, 98 shapes, one
@@ -68,6 +70,12 @@ DECODE_TILES = DecodeTiles(64, 2, fill_programs=3)
 # 5.16 -> 5.10 ms; 4 rows' went 5.52 -> 5.58 (and 16 x 4k lost in the sweep, 26.6 -> 33.3).
 SMALL_BATCH_PAIRS = 4
 SMALL_BATCH_DECODE_TILES = DecodeTiles(64, 8, num_stages=2, parts_scale=2.0)
+# One sequence's merge loads 16 partial rows at once, not 4 (decode_tiles_sweep.py
+# --merge-tile on an H100, twenty-eighth session, one layer: 1 x 1k 6.3 -> 5.7 us, 1 x 4k
+# 9.9 -> 8.2, 1 x 10k 14.5 -> 12.5; in the engine, Open-AutoGLM's sampling, a decode step at
+# 4k 6.72 -> 6.61 ms, at 10k 6.95 -> 6.83). Two sequences' steps at 10k lost (7.31 -> 7.43 ms:
+# the wider merge's registers), and the large batches' one-layer times with 8 or 16.
+ONE_SEQUENCE_DECODE_TILES = SMALL_BATCH_DECODE_TILES._replace(merge_tile=16)
 
 
 class PrefillTiles(NamedTuple):
@@ -169,11 +177,13 @@ def decode_split(num_seqs: int, num_kv_heads: int, num_sms: int,
     A batch with fewer (sequence, KV head) pairs than SMs cannot fill the GPU with whole
     contexts: its partitions go down to a single tile, so that at batch 1 a 700-token context of
     AutoGLM (2 KV heads) reads its KV with 2 x 6 programs rather than 2 x 3. The tiles too
-    follow the batch: SMALL_BATCH_DECODE_TILES up to SMALL_BATCH_PAIRS pairs."""
+    follow the batch: ONE_SEQUENCE_DECODE_TILES for one sequence, SMALL_BATCH_DECODE_TILES up
+    to SMALL_BATCH_PAIRS pairs."""
     pairs = max(1, num_seqs * num_kv_heads)
     want = math.ceil(4 * num_sms / pairs)
     partitions = max(1, min(next_power_of_2(want), max_partitions))
-    tiles = SMALL_BATCH_DECODE_TILES if pairs <= SMALL_BATCH_PAIRS else DECODE_TILES
+    tiles = (ONE_SEQUENCE_DECODE_TILES if num_seqs == 1 else SMALL_BATCH_DECODE_TILES
+             if pairs <= SMALL_BATCH_PAIRS else DECODE_TILES)
     min_chunk = tiles.tile_n if pairs < num_sms else DECODE_MIN_CHUNK
     return DecodeSplit(partitions, min_chunk, num_sms, tiles)
 
@@ -451,7 +461,7 @@ def decode_shape(num_heads: int, num_kv_heads: int, head_dim: int, block_size: i
         MIN_CHUNK=split.min_chunk,
         # a partial row (fp32, per query head) against a token's K and V (per KV head)
         MERGE_RATIO=(4 * group) / (2 * kv_dtype.itemsize),
-        MERGE_TILE=min(4, split.partitions), PRECISION=_dot_precision(q_dtype),
+        MERGE_TILE=min(tiles.merge_tile, split.partitions), PRECISION=_dot_precision(q_dtype),
         WRITE_KV=write_kv, ROTARY_HALF=rotary_half, INTERLEAVED=interleaved)
     stages = tiles.num_stages or _num_stages(tiles.tile_n * block_d * kv_dtype.itemsize)
     return KernelShape(constexprs, tiles.num_warps, stages)

@@ -6,10 +6,11 @@ AutoGLM-Phone-9B's attention (32 query heads, 2 KV heads, head_dim 128, bf16, bl
 layer, decode batches of rows x context tokens: one agent at 10k, the phone-agent issue's 16
 rows at 4k and 10k, and larger batches at shorter contexts. Every DecodeTiles of the grid below
 runs each case, checked against the output of the tiles decode_split picks for it
-(SMALL_BATCH_DECODE_TILES up to 2 sequences, else DECODE_TILES), then is timed as a CUDA-graph
-replay (the engine replays decode steps; do_bench_cudagraph median). Each case's floor is its KV
-bytes over --bandwidth-tbs. Prints a markdown table, best total first, the two current tiles
-marked: a row to copy if it wins without losing a case.
+(ONE_SEQUENCE_DECODE_TILES for one, SMALL_BATCH_DECODE_TILES for two sequences, else
+DECODE_TILES), then is timed as a CUDA-graph replay (the engine replays decode steps;
+do_bench_cudagraph median). Each case's floor is its KV bytes over --bandwidth-tbs. Prints a
+markdown table, best total first, the three current tiles marked: a row to copy if it wins
+without losing a case.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 from autoglm_serve.kernels.paged_attention import (  # noqa: E402
-    DECODE_TILES, SMALL_BATCH_DECODE_TILES, DecodeTiles, decode_attention, decode_split)
+    DECODE_TILES, ONE_SEQUENCE_DECODE_TILES, SMALL_BATCH_DECODE_TILES, DecodeTiles,
+    decode_attention, decode_split)
 from paged_attention_cases import make_batch, rel_err  # noqa: E402
 
 H, HKV, D = 32, 2, 128
@@ -49,6 +51,8 @@ def main() -> None:
     ap.add_argument("--warps", default="4,8,2")
     ap.add_argument("--stages", default="none,2,4", help="none: as shared memory allows")
     ap.add_argument("--parts-scale", default="1,0.5,0.25,2,0")
+    ap.add_argument("--merge-tile", default="4", help="partial rows a merge loads at once")
+    ap.add_argument("--fill-programs", default="none", help="none: the grid's width")
     ap.add_argument("--no-capped", action="store_true",
                     help="skip the current tiles capped at 5, 6, 8 and 3 programs a SM")
     args = ap.parse_args()
@@ -76,10 +80,12 @@ def main() -> None:
                                         for programs in (5, 6, 8, 3)]
     ints = lambda text: [int(v) for v in text.split(",")]   # noqa: E731
     stages = [None if v == "none" else int(v) for v in args.stages.split(",")]
-    grid = [DECODE_TILES, SMALL_BATCH_DECODE_TILES] + capped + [
-        DecodeTiles(n, w, s, p) for n, w, s, p in itertools.product(
+    grid = [DECODE_TILES, SMALL_BATCH_DECODE_TILES, ONE_SEQUENCE_DECODE_TILES] + capped + [
+        DecodeTiles(n, w, s, p, f, m) for n, w, s, p, f, m in itertools.product(
             ints(args.tile_n), ints(args.warps), stages,
-            [float(v) for v in args.parts_scale.split(",")])]
+            [float(v) for v in args.parts_scale.split(",")],
+            [None if v == "none" else float(v) for v in args.fill_programs.split(",")],
+            ints(args.merge_tile))]
     grid = list(dict.fromkeys(grid))     # first occurrences, in order
     rows = []
     for tiles in grid:
@@ -103,11 +109,12 @@ def main() -> None:
         print(f"{tuple(tiles)}: " + " ".join(f"{k} {v:.1f}" for k, v in times.items()),
               flush=True)
     rows.sort(key=lambda r: r[0])
-    print("\n| tiles (tile_n, warps, stages, parts_scale, fill_programs) | "
+    print("\n| tiles (tile_n, warps, stages, parts_scale, fill_programs, merge_tile) | "
           + " | ".join(f"{k} us (floor {v[2]:.0f})" for k, v in batches.items())
           + " | total us |")
     print("| --- |" + " --- |" * (len(cases) + 1))
-    marks = {DECODE_TILES: " (current)", SMALL_BATCH_DECODE_TILES: " (current, <= 2 sequences)"}
+    marks = {DECODE_TILES: " (current)", SMALL_BATCH_DECODE_TILES: " (current, 2 sequences)",
+             ONE_SEQUENCE_DECODE_TILES: " (current, 1 sequence)"}
     shown = rows[:12] + [r for r in rows[12:] if r[1] in marks]
     for total, tiles, times in shown:
         mark = marks.get(tiles, "")
