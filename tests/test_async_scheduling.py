@@ -40,6 +40,9 @@ def test_same_outputs_as_synchronous(path, params):
         res = llm.generate(PROMPTS, params)
         outs[mode] = [[(c.token_ids, c.finish_reason, c.logprobs) for c in o.outputs]
                       for o in res]
+        assert all(c.finish_reason in ("length", "stop") for o in res for c in o.outputs)
+        if params.logprobs is not None:
+            assert all(len(c.logprobs) == len(c.token_ids) for o in res for c in o.outputs)
         core = llm.engine.core
         assert core.kv.num_free_blocks == core.kv.num_blocks   # nothing held after the end
         assert core._inflight is None and not core.requests

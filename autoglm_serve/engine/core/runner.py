@@ -277,12 +277,15 @@ class ModelRunner:
             self.workers.share_tokens(tokens)
         self._prev_tokens = tokens
         self._prev_rows = {r.request_id: i for i, r in enumerate(sampling)}
+        cuda = self.device.type == "cuda"
+        # logprobs take the same copy on every device (pinned on a GPU), so that CPU runs
+        # test the path GPU runs take
+        if out is not None:
+            out = logprobs_to_host(out, pin=cuda)
         done = None
-        if self.device.type == "cuda":
+        if cuda:
             host = self._pinned_tokens(tokens.shape[0])
             host.copy_(tokens, non_blocking=True)
-            if out is not None:
-                out = logprobs_to_host(out)
             done = torch.cuda.Event()
             done.record()
         else:
