@@ -10,7 +10,7 @@ dummy W4A16); fp8: W8A8.
 
 Each config: BLOCK_M,BLOCK_N,BLOCK_K,SPLIT_K,dot,gated[,num_warps,num_stages] (BLOCK_M as
 the launcher pads it: 16 for dot, else the rows rounded up to a power of two; num_warps 4 and
-num_stages 3 unless given).
+num_stages 3 unless given). dot 2: W4A16 on CUDA cores in bf16 pairs (GemvConfig.packed).
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin"
 
 
 def compile_kernel(kind: str, bm, bn, bk, split, dot, gated, warps=4, stages=3):
+    packed, dot = dot == 2, dot == 1
     if kind in ("w4", "w4s"):
         fn = w4a16_gemv._w4a16_gemv_kernel
         # bf16 activations: CUDA cores read them as int32 pairs, as the launcher passes them
@@ -39,7 +40,8 @@ def compile_kernel(kind: str, bm, bn, bk, split, dot, gated, warps=4, stages=3):
                "z_ptr": "*u8", "bias_ptr": "*bf16", "y_ptr": "*bf16", "partial_ptr": "*fp32",
                "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "x_stride": "i32",
                "words": "i32", "groups": "i32", "even_exp": "i32", "odd_exp": "i32"}
-        consts = dict(GROUP=128, HAS_ZEROS=kind == "w4", X_PAIRS=0 if dot else 1)
+        consts = dict(GROUP=128, HAS_ZEROS=kind == "w4", X_PAIRS=0 if dot else 1,
+                      PACKED=packed)
     else:
         fn = fp8_gemv._fp8_gemv_kernel
         sig = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "bias_ptr": "*bf16",
@@ -99,7 +101,7 @@ def main():
     for kind, spec in zip(args[::2], args[1::2]):
         bm, bn, bk, split, dot, gated, *launch = (int(v) for v in spec.split(","))
         warps, stages = launch + [4, 3][len(launch):]
-        kernel = compile_kernel(kind, bm, bn, bk, split, bool(dot), bool(gated), warps, stages)
+        kernel = compile_kernel(kind, bm, bn, bk, split, dot, bool(gated), warps, stages)
         usage, sass = disassemble(kernel)
         regs = re.search(r"REG:(\d+)", usage)
         spills = re.search(r"LOCAL:(\d+)", usage)

@@ -23,6 +23,11 @@ workspaces) with these changes:
   across K once at the end; ``dot=True`` (2..MAX_ROWS rows): eight tensor-core products per
   tile of the exact integers q - z in x's dtype (``_integer_weights``), scaled after them when
   the tile lies in one group; the sweep picks;
+- ``packed=True`` (bf16 activations, CUDA cores): a word's nibbles k and k + 4 become one bf16
+  pair 128 + q with one LOP3, and the pair's products and sums run as bf16x2 fma's
+  (``_PACKED_WORD_ASM``), each word's two lanes then added in fp32 and scaled: fewer
+  instructions and registers a weight in the sm_90 SASS (one row, 128 x 128, gated: 3.1
+  against 3.5, 128 registers against 163), one bf16 rounding a product and a partial sum more;
 - the gated variant (gate_up followed by SiLU-and-mul) loads rows n and I + n together.
 
 ``TUNED`` is keyed (kind, rows bucket, N, K, group) and filled by scripts/gpu/quant_gemv_bench.py;
@@ -252,6 +257,96 @@ def _tile_cuda_cores(acc, p, sc, z, xs, even_exp, odd_exp, HAS_ZEROS: tl.constex
     return tl.fma(t, sc, acc)
 
 
+# One packed word against its 8 bf16 activations in bf16 pairs (sm_80+ PTX): pair k is nibbles
+# k and k + 4 (one shift, one LOP3 into 128 + q, exact), less 128 + z (an fma by one: exact
+# small integers), times activations k and k + 4, summed in the pair's two lanes. $1 the word,
+# $2..$5 the activation pairs, $6 -(128 + z) in both lanes; $0 the two lanes' sums.
+_PACKED_WORD_ASM = tl.constexpr("""{
+.reg .b32 t, w, acc, one, nzero;
+mov.b32 one, 0x3F803F80;
+mov.b32 nzero, 0x80008000;
+lop3.b32 w, $1, 0x000F000F, 0x43004300, 0xEA;
+fma.rn.bf16x2 w, w, one, $6;
+fma.rn.bf16x2 acc, w, $2, nzero;
+shr.u32 t, $1, 4;
+lop3.b32 w, t, 0x000F000F, 0x43004300, 0xEA;
+fma.rn.bf16x2 w, w, one, $6;
+fma.rn.bf16x2 acc, w, $3, acc;
+shr.u32 t, $1, 8;
+lop3.b32 w, t, 0x000F000F, 0x43004300, 0xEA;
+fma.rn.bf16x2 w, w, one, $6;
+fma.rn.bf16x2 acc, w, $4, acc;
+shr.u32 t, $1, 12;
+lop3.b32 w, t, 0x000F000F, 0x43004300, 0xEA;
+fma.rn.bf16x2 w, w, one, $6;
+fma.rn.bf16x2 $0, w, $5, acc;
+}""")
+
+
+@triton.jit
+def _bf16_lanes(v):
+    """The low and high bf16 of each uint32 as fp32 (exact: a bf16 is an fp32's top half)."""
+    lo = (v << 16).to(tl.float32, bitcast=True)
+    hi = (v & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return lo, hi
+
+
+@triton.jit
+def _x_packed_pairs(x_ptrs, x_mask):
+    """The 8 bf16 activations of each word, read as 4 int32 pairs (x0, x1) .. (x6, x7), as the
+    pairs (x_k, x_k+4), k = 0..3, that ``_packed_word_sums`` multiplies (uint32 [BM, BW])."""
+    x01 = tl.load(x_ptrs, mask=x_mask, other=0).to(tl.uint32, bitcast=True)
+    x23 = tl.load(x_ptrs + 1, mask=x_mask, other=0).to(tl.uint32, bitcast=True)
+    x45 = tl.load(x_ptrs + 2, mask=x_mask, other=0).to(tl.uint32, bitcast=True)
+    x67 = tl.load(x_ptrs + 3, mask=x_mask, other=0).to(tl.uint32, bitcast=True)
+    high = 0xFFFF0000
+    return ((x01 & 0xFFFF) | (x45 << 16), (x01 >> 16) | (x45 & high),
+            (x23 & 0xFFFF) | (x67 << 16), (x23 >> 16) | (x67 & high))
+
+
+@triton.jit
+def _packed_word_sums(p, xp, nz2, COMPILED: tl.constexpr):
+    """sum_j (q_j - z) x_j of each word, fp32: on the GPU in bf16 pairs (_PACKED_WORD_ASM, each
+    pair's products and sums rounded to bf16, then its two lanes added in fp32); in the
+    interpreter, which runs no PTX, the same sum in fp32."""
+    xa, xb, xc, xd = xp
+    pw = p.to(tl.uint32, bitcast=True)
+    if COMPILED:
+        sums = tl.inline_asm_elementwise(_PACKED_WORD_ASM, "=r,r,r,r,r,r,r",
+                                         [pw, xa, xb, xc, xd, nz2], dtype=tl.uint32,
+                                         is_pure=True, pack=1)
+        lo, hi = _bf16_lanes(sums)
+        return lo + hi
+    nz, _ = _bf16_lanes(nz2)            # -(128 + z)
+    return (_pair_sum(pw, xa, nz, 0) + _pair_sum(pw, xb, nz, 1) + _pair_sum(pw, xc, nz, 2)
+            + _pair_sum(pw, xd, nz, 3))
+
+
+@triton.jit
+def _pair_sum(pw, x_pair, nz, K: tl.constexpr):
+    """(q_k - z) x_k + (q_k+4 - z) x_k+4 in fp32 (the interpreter's ``_packed_word_sums``)."""
+    x_lo, x_hi = _bf16_lanes(x_pair)
+    q_lo = ((pw >> (4 * K)) & 0xF).to(tl.float32)
+    q_hi = ((pw >> (4 * K + 16)) & 0xF).to(tl.float32)
+    return (q_lo + 128.0 + nz) * x_lo + (q_hi + 128.0 + nz) * x_hi
+
+
+@triton.jit
+def _tile_packed(acc, p, sc, z, xp, HAS_ZEROS: tl.constexpr, COMPILED: tl.constexpr):
+    """acc [BN, BM, BW] += the products of one tile in bf16 pairs (bf16 activations, CUDA
+    cores): each word's sum (``_packed_word_sums``) times its group's scale. p the packed words
+    [BN, 1, BW], sc and z the groups' scales and zeros (``_group_params``), xp
+    ``_x_packed_pairs`` ([BM, BW] each)."""
+    if HAS_ZEROS:      # -(128 + z), exact in bf16, in both lanes
+        nz = (-(z + 128.0)).to(tl.bfloat16).to(tl.uint16, bitcast=True).to(tl.uint32)
+        nz2 = nz | (nz << 16)
+    else:              # symmetric: z = 8, bf16(-136) in both lanes
+        nz2 = tl.full(sc.shape, 0xC308C308, tl.uint32)
+    sums = _packed_word_sums(p, (xp[0][None, :, :], xp[1][None, :, :], xp[2][None, :, :],
+                                 xp[3][None, :, :]), nz2, COMPILED)
+    return tl.fma(sums, sc, acc)
+
+
 @triton.jit
 def _group_offsets(r, wo, k, groups, GROUP: tl.constexpr, ONE_GROUP: tl.constexpr):
     """Offsets into scales and zeros of the groups the tile at K offset k lies in: one per row
@@ -279,7 +374,7 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
                        M, N, K, x_stride, words, groups, even_exp, odd_exp,
                        GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, X_PAIRS: tl.constexpr,
                        HAS_BIAS: tl.constexpr, GATED: tl.constexpr, USE_DOT: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       PACKED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr,
                        COMPILED: tl.constexpr, PDL: tl.constexpr):
     """y[m, n] = sum_k x[m, k] dequant(w)[n, k]; program (i, s) owns BLOCK_N features and the
@@ -348,6 +443,9 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
         x_tile = x_base + (k // 2 if X_PAIRS else k)
         if USE_DOT:
             acc = _tile_dot(acc, p, sc, z, x_tile, x_mask, HAS_ZEROS, ONE_GROUP, COMPILED)
+        elif PACKED:
+            xs = _x_packed_pairs(x_tile, x_mask)
+            acc = _tile_packed(acc, p, sc, z, xs, HAS_ZEROS, COMPILED)
         else:
             xs = _x_values(x_tile, x_mask, X_PAIRS)
             acc = _tile_cuda_cores(acc, p, sc, z, xs, even_exp, odd_exp, HAS_ZEROS)
@@ -359,6 +457,8 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
             if USE_DOT:
                 acc_up = _tile_dot(acc_up, p2, sc_up, z_up, x_tile, x_mask, HAS_ZEROS,
                                    ONE_GROUP, COMPILED)
+            elif PACKED:
+                acc_up = _tile_packed(acc_up, p2, sc_up, z_up, xs, HAS_ZEROS, COMPILED)
             else:
                 acc_up = _tile_cuda_cores(acc_up, p2, sc_up, z_up, xs, even_exp, odd_exp,
                                           HAS_ZEROS)
@@ -406,8 +506,10 @@ def _launch(x, qweight, scales, zeros, group, bias, n, gated, config):
     y, tiles, partials, counts = launch_buffers(x, m, n, cfg, gated)
     block_m = max(DOT_MIN_ROWS, next_power_of_2(m)) if cfg.dot \
         else next_power_of_2(m)
-    # CUDA cores read 16-bit activations as int32 pairs (X_PAIRS 1: bf16, 2: fp16)
+    # CUDA cores read 16-bit activations as int32 pairs (X_PAIRS 1: bf16, 2: fp16); bf16 ones
+    # multiply in pairs with cfg.packed
     pairs = 0 if cfg.dot or x.dtype == torch.float32 else (1 if x.dtype == torch.bfloat16 else 2)
+    packed = cfg.packed and pairs == 1
     if pairs and x2.storage_offset() % 2:    # a view at an odd element: no int32 view of it
         x2 = x2.clone()
     _w4a16_gemv_kernel[(tiles, cfg.split_k)](
@@ -416,7 +518,7 @@ def _launch(x, qweight, scales, zeros, group, bias, n, gated, config):
         partials, counts, m, n, k, k // 2 if pairs else k, k // 8, k // group, EVEN_EXP,
         ODD_EXP,
         GROUP=group, HAS_ZEROS=zeros is not None, X_PAIRS=pairs, HAS_BIAS=bias is not None,
-        GATED=gated, USE_DOT=cfg.dot, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
+        GATED=gated, USE_DOT=cfg.dot, PACKED=packed, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, EVEN_K=k % cfg.block_k == 0,
         NUM_STAGES=cfg.num_stages, COMPILED=os.environ.get("TRITON_INTERPRET") != "1",
         num_warps=cfg.num_warps, **pdl.launch_options(x.device))
