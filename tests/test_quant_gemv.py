@@ -80,6 +80,12 @@ def test_w4a16_gemv_in_bf16_pairs(group, zeros, m):
         out = w4a16_gemv.w4a16_gated_gemv(x, qw, s, z if zeros else None, group, cfg)
         want = w4a16_reference(x, qw, s, z if zeros else None, group, gated=True)
         assert rel(out, want) < 5e-3, cfg
+    # other activation dtypes take the CUDA-core path as if packed were off
+    x32 = x.float()
+    out = w4a16_gemv.w4a16_gemv(x32, qw[:37], s[:37], z[:37] if zeros else None, group, None,
+                                Config(8, 64, 2, packed=True))
+    assert rel(out, w4a16_reference(x32, qw[:37], s[:37], z[:37] if zeros else None,
+                                    group)) < 1e-5
 
 
 def test_w4a16_gemv_with_fp32_scales():
