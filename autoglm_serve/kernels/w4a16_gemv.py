@@ -374,9 +374,9 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
                        M, N, K, x_stride, words, groups, even_exp, odd_exp,
                        GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, X_PAIRS: tl.constexpr,
                        HAS_BIAS: tl.constexpr, GATED: tl.constexpr, USE_DOT: tl.constexpr,
-                       PACKED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr,
-                       COMPILED: tl.constexpr, PDL: tl.constexpr):
+                       PACKED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+                       NUM_STAGES: tl.constexpr, COMPILED: tl.constexpr, PDL: tl.constexpr):
     """y[m, n] = sum_k x[m, k] dequant(w)[n, k]; program (i, s) owns BLOCK_N features and the
     s-th of SPLIT_K runs of K chunks. GATED: 2N weight rows and
     y = silu(x @ w[:N]^T) * (x @ w[N:]^T).
