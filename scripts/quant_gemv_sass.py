@@ -10,7 +10,8 @@ dummy W4A16); fp8: W8A8.
 
 Each config: BLOCK_M,BLOCK_N,BLOCK_K,SPLIT_K,dot,gated[,num_warps,num_stages] (BLOCK_M as
 the launcher pads it: 16 for dot, else the rows rounded up to a power of two; num_warps 4 and
-num_stages 3 unless given). dot 2: W4A16 on CUDA cores in bf16 pairs (GemvConfig.packed).
+num_stages 3 unless given). dot 2 or 3: W4A16 on CUDA cores in bf16 pairs, one or two words a
+sum (GemvConfig.packed 1 or 2).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin"
 
 
 def compile_kernel(kind: str, bm, bn, bk, split, dot, gated, warps=4, stages=3):
-    packed, dot = dot == 2, dot == 1
+    packed, dot = max(0, dot - 1), dot == 1
     if kind in ("w4", "w4s"):
         fn = w4a16_gemv._w4a16_gemv_kernel
         # bf16 activations: CUDA cores read them as int32 pairs, as the launcher passes them

@@ -64,15 +64,16 @@ def test_w4a16_gated_gemv_matches_two_step_path(m):
 @pytest.mark.parametrize("m", [1, 3])
 def test_w4a16_gemv_in_bf16_pairs(group, zeros, m):
     """packed: bf16 activations multiplied in bf16 pairs, each word's nibbles k and k + 4 against
-    activations k and k + 4 (in the interpreter the same sums in fp32: this checks the pairing,
-    the zero points and the tiles; the PTX runs in the GPU test below). Partial K tiles and a
-    partial N tile, split-K, gated too."""
+    activations k and k + 4, one or two words a sum (in the interpreter the same sums in fp32:
+    this checks the pairing, the zero points, the scales a word or a row, and the tiles; the PTX
+    runs in the GPU test below). Partial K tiles and a partial N tile, split-K, gated too."""
     k = 320 if group != 128 else 384
     g = gen()
     qw, s, z = random_w4(2 * 37, k, group, zeros, torch.bfloat16, DEVICE, g)
     x = torch.randn(m, k, generator=g).to(DEVICE, torch.bfloat16)
-    for cfg in (Config(8, 64, 2, packed=True), Config(16, 128, 1, packed=True),
-                Config(8, 256, 2, packed=True)):
+    for cfg in (Config(8, 64, 2, packed=1), Config(16, 128, 1, packed=1),
+                Config(8, 256, 2, packed=1), Config(8, 64, 2, packed=2),
+                Config(16, 128, 1, packed=2), Config(8, 256, 2, packed=2)):
         out = w4a16_gemv.w4a16_gemv(x, qw[:37], s[:37], z[:37] if zeros else None, group,
                                     None, cfg)
         want = w4a16_reference(x, qw[:37], s[:37], z[:37] if zeros else None, group)
@@ -83,7 +84,7 @@ def test_w4a16_gemv_in_bf16_pairs(group, zeros, m):
     # other activation dtypes take the CUDA-core path as if packed were off
     x32 = x.float()
     out = w4a16_gemv.w4a16_gemv(x32, qw[:37], s[:37], z[:37] if zeros else None, group, None,
-                                Config(8, 64, 2, packed=True))
+                                Config(8, 64, 2, packed=2))
     assert rel(out, w4a16_reference(x32, qw[:37], s[:37], z[:37] if zeros else None,
                                     group)) < 1e-5
 
@@ -342,7 +343,8 @@ def test_compiled_gemvs_at_the_model_shapes(dtype):
             want8 = fp8_reference(x, w, ws, gated=gated)
             w4_configs = [None, Config(128, 128, 2, dot=True)]
             if m <= 2:
-                w4_configs += [Config(256, 128, 2, dot=False), Config(256, 128, 2, packed=True)]
+                w4_configs += [Config(256, 128, 2, dot=False), Config(256, 128, 2, packed=1),
+                               Config(256, 128, 2, packed=2)]
             for cfg in w4_configs:
                 out = (w4a16_gemv.w4a16_gated_gemv(x, qw, s, z, 128, cfg) if gated
                        else w4a16_gemv.w4a16_gemv(x, qw, s, z, 128, None, cfg))

@@ -61,7 +61,7 @@ class GemvConfig(NamedTuple):
     num_warps: int = 4
     num_stages: int = 3
     dot: bool = False     # tensor cores; required for more than one row
-    packed: bool = False  # W4A16 with bf16 activations on CUDA cores: bf16 pairs (w4a16_gemv.py)
+    packed: int = 0       # W4A16, bf16 activations, CUDA cores: words a bf16-pair sum (1, 2)
 
 
 # (kind, rows bucket, N, K) -> config, for 16-bit weights. kind is "linear" or "gated" (N is

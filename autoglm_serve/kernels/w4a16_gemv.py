@@ -23,11 +23,12 @@ workspaces) with these changes:
   across K once at the end; ``dot=True`` (2..MAX_ROWS rows): eight tensor-core products per
   tile of the exact integers q - z in x's dtype (``_integer_weights``), scaled after them when
   the tile lies in one group; the sweep picks;
-- ``packed=True`` (bf16 activations, CUDA cores): a word's nibbles k and k + 4 become one bf16
-  pair 128 + q with one LOP3, and the pair's products and sums run as bf16x2 fma's
-  (``_PACKED_WORD_ASM``), each word's two lanes then added in fp32 and scaled: fewer
-  instructions and registers a weight in the sm_90 SASS (one row, 128 x 128, gated: 3.1
-  against 3.5, 128 registers against 163), one bf16 rounding a product and a partial sum more;
+- ``packed=1`` or ``2`` (bf16 activations, CUDA cores): a word's nibbles k and k + 4 become
+  one bf16 pair 128 + q with one LOP3, and the pair's products and sums run as bf16x2 fma's
+  (``_packed_words_asm``) over 1 or 2 words, whose two lanes are then added in fp32 and
+  scaled: fewer instructions and registers a weight in the sm_90 SASS (one row, 128 x 128,
+  gated: 3.1 and 2.9 against 3.5; 128 and 124 registers against 163), at one bf16 rounding a
+  product and a partial sum;
 - the gated variant (gate_up followed by SiLU-and-mul) loads rows n and I + n together.
 
 ``TUNED`` is keyed (kind, rows bucket, N, K, group) and filled by scripts/gpu/quant_gemv_bench.py;
@@ -257,30 +258,32 @@ def _tile_cuda_cores(acc, p, sc, z, xs, even_exp, odd_exp, HAS_ZEROS: tl.constex
     return tl.fma(t, sc, acc)
 
 
-# One packed word against its 8 bf16 activations in bf16 pairs (sm_80+ PTX): pair k is nibbles
-# k and k + 4 (one shift, one LOP3 into 128 + q, exact), less 128 + z (an fma by one: exact
-# small integers), times activations k and k + 4, summed in the pair's two lanes. $1 the word,
-# $2..$5 the activation pairs, $6 -(128 + z) in both lanes; $0 the two lanes' sums.
-_PACKED_WORD_ASM = tl.constexpr("""{
-.reg .b32 t, w, acc, one, nzero;
-mov.b32 one, 0x3F803F80;
-mov.b32 nzero, 0x80008000;
-lop3.b32 w, $1, 0x000F000F, 0x43004300, 0xEA;
-fma.rn.bf16x2 w, w, one, $6;
-fma.rn.bf16x2 acc, w, $2, nzero;
-shr.u32 t, $1, 4;
-lop3.b32 w, t, 0x000F000F, 0x43004300, 0xEA;
-fma.rn.bf16x2 w, w, one, $6;
-fma.rn.bf16x2 acc, w, $3, acc;
-shr.u32 t, $1, 8;
-lop3.b32 w, t, 0x000F000F, 0x43004300, 0xEA;
-fma.rn.bf16x2 w, w, one, $6;
-fma.rn.bf16x2 acc, w, $4, acc;
-shr.u32 t, $1, 12;
-lop3.b32 w, t, 0x000F000F, 0x43004300, 0xEA;
-fma.rn.bf16x2 w, w, one, $6;
-fma.rn.bf16x2 $0, w, $5, acc;
-}""")
+def _packed_words_asm(words: int) -> str:
+    """PTX (sm_80+) for ``words`` packed words of a row against their 8 bf16 activations each,
+    in bf16 pairs: pair k of a word is nibbles k and k + 4 (one shift, one LOP3 into 128 + q,
+    exact), less 128 + z (an fma by one: exact small integers), times activations k and k + 4,
+    summed in the pair's two lanes across all the words. $1..$words the words, then 4 activation
+    pairs a word, then -(128 + z) in both lanes; $0 the two lanes' sums."""
+    nz = f"${words + 4 * words + 1}"
+    lines = [".reg .b32 t, w, acc, one, nzero;", "mov.b32 one, 0x3F803F80;",
+             "mov.b32 nzero, 0x80008000;"]
+    for word in range(words):
+        for k in range(4):
+            src = f"${word + 1}"
+            if k:
+                lines.append(f"shr.u32 t, {src}, {4 * k};")
+                src = "t"
+            x = f"${words + 4 * word + k + 1}"
+            last = word == words - 1 and k == 3
+            lines += [f"lop3.b32 w, {src}, 0x000F000F, 0x43004300, 0xEA;",
+                      f"fma.rn.bf16x2 w, w, one, {nz};",
+                      f"fma.rn.bf16x2 {'$0' if last else 'acc'}, w, {x}, "
+                      f"{'nzero' if word == 0 and k == 0 else 'acc'};"]
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+_ONE_WORD_ASM = tl.constexpr(_packed_words_asm(1))
+_TWO_WORDS_ASM = tl.constexpr(_packed_words_asm(2))
 
 
 @triton.jit
@@ -294,7 +297,7 @@ def _bf16_lanes(v):
 @triton.jit
 def _x_packed_pairs(x_ptrs, x_mask):
     """The 8 bf16 activations of each word, read as 4 int32 pairs (x0, x1) .. (x6, x7), as the
-    pairs (x_k, x_k+4), k = 0..3, that ``_packed_word_sums`` multiplies (uint32 [BM, BW])."""
+    pairs (x_k, x_k+4), k = 0..3, that ``_packed_sums`` multiplies (uint32 [BM, BW])."""
     x01 = tl.load(x_ptrs, mask=x_mask, other=0).to(tl.uint32, bitcast=True)
     x23 = tl.load(x_ptrs + 1, mask=x_mask, other=0).to(tl.uint32, bitcast=True)
     x45 = tl.load(x_ptrs + 2, mask=x_mask, other=0).to(tl.uint32, bitcast=True)
@@ -305,26 +308,8 @@ def _x_packed_pairs(x_ptrs, x_mask):
 
 
 @triton.jit
-def _packed_word_sums(p, xp, nz2, COMPILED: tl.constexpr):
-    """sum_j (q_j - z) x_j of each word, fp32: on the GPU in bf16 pairs (_PACKED_WORD_ASM, each
-    pair's products and sums rounded to bf16, then its two lanes added in fp32); in the
-    interpreter, which runs no PTX, the same sum in fp32."""
-    xa, xb, xc, xd = xp
-    pw = p.to(tl.uint32, bitcast=True)
-    if COMPILED:
-        sums = tl.inline_asm_elementwise(_PACKED_WORD_ASM, "=r,r,r,r,r,r,r",
-                                         [pw, xa, xb, xc, xd, nz2], dtype=tl.uint32,
-                                         is_pure=True, pack=1)
-        lo, hi = _bf16_lanes(sums)
-        return lo + hi
-    nz, _ = _bf16_lanes(nz2)            # -(128 + z)
-    return (_pair_sum(pw, xa, nz, 0) + _pair_sum(pw, xb, nz, 1) + _pair_sum(pw, xc, nz, 2)
-            + _pair_sum(pw, xd, nz, 3))
-
-
-@triton.jit
 def _pair_sum(pw, x_pair, nz, K: tl.constexpr):
-    """(q_k - z) x_k + (q_k+4 - z) x_k+4 in fp32 (the interpreter's ``_packed_word_sums``)."""
+    """(q_k - z) x_k + (q_k+4 - z) x_k+4 in fp32 (the interpreter's ``_packed_sums``)."""
     x_lo, x_hi = _bf16_lanes(x_pair)
     q_lo = ((pw >> (4 * K)) & 0xF).to(tl.float32)
     q_hi = ((pw >> (4 * K + 16)) & 0xF).to(tl.float32)
@@ -332,18 +317,68 @@ def _pair_sum(pw, x_pair, nz, K: tl.constexpr):
 
 
 @triton.jit
-def _tile_packed(acc, p, sc, z, xp, HAS_ZEROS: tl.constexpr, COMPILED: tl.constexpr):
-    """acc [BN, BM, BW] += the products of one tile in bf16 pairs (bf16 activations, CUDA
-    cores): each word's sum (``_packed_word_sums``) times its group's scale. p the packed words
-    [BN, 1, BW], sc and z the groups' scales and zeros (``_group_params``), xp
-    ``_x_packed_pairs`` ([BM, BW] each)."""
+def _word_sums_fp32(pw, xa, xb, xc, xd, nz2):
+    """sum_j (q_j - z) x_j of each word in fp32: the interpreter, which runs no PTX."""
+    nz, _ = _bf16_lanes(nz2)            # -(128 + z)
+    return (_pair_sum(pw, xa, nz, 0) + _pair_sum(pw, xb, nz, 1) + _pair_sum(pw, xc, nz, 2)
+            + _pair_sum(pw, xd, nz, 3))
+
+
+@triton.jit
+def _halves(v):
+    """The even and odd entries along the last axis of a [A, B, 2C] tensor, [A, B, C] each."""
+    return tl.split(tl.reshape(v, (v.shape[0], v.shape[1], v.shape[2] // 2, 2)))
+
+
+@triton.jit
+def _packed_sums(p, xp, nz2, WORDS: tl.constexpr, COMPILED: tl.constexpr):
+    """sum_j (q_j - z) x_j over WORDS adjacent words, fp32 [BN, BM, BW / WORDS]: on the GPU in
+    bf16 pairs (``_packed_words_asm``: each product and partial sum rounded to bf16, the two
+    lanes then added in fp32); in the interpreter the same sum in fp32. p the words [BN, 1, BW],
+    xp their ``_x_packed_pairs`` [1, BM, BW], nz2 -(128 + z) in both lanes."""
+    pw = p.to(tl.uint32, bitcast=True)
+    xa, xb, xc, xd = xp
+    if WORDS == 1:
+        if COMPILED:
+            sums = tl.inline_asm_elementwise(_ONE_WORD_ASM, "=r,r,r,r,r,r,r",
+                                             [pw, xa, xb, xc, xd, nz2], dtype=tl.uint32,
+                                             is_pure=True, pack=1)
+        else:
+            return _word_sums_fp32(pw, xa, xb, xc, xd, nz2)
+    else:       # two adjacent words of a row share one sum (they share a group)
+        p0, p1 = _halves(pw)
+        a0, a1 = _halves(xa)
+        b0, b1 = _halves(xb)
+        c0, c1 = _halves(xc)
+        d0, d1 = _halves(xd)
+        if COMPILED:
+            sums = tl.inline_asm_elementwise(_TWO_WORDS_ASM, "=r,r,r,r,r,r,r,r,r,r,r,r",
+                                             [p0, p1, a0, b0, c0, d0, a1, b1, c1, d1, nz2],
+                                             dtype=tl.uint32, is_pure=True, pack=1)
+        else:
+            return (_word_sums_fp32(p0, a0, b0, c0, d0, nz2)
+                    + _word_sums_fp32(p1, a1, b1, c1, d1, nz2))
+    lo, hi = _bf16_lanes(sums)
+    return lo + hi
+
+
+@triton.jit
+def _tile_packed(acc, p, sc, z, xp, HAS_ZEROS: tl.constexpr, WORDS: tl.constexpr,
+                 COMPILED: tl.constexpr):
+    """acc [BN, BM, BW / WORDS] += the products of one tile in bf16 pairs (bf16 activations,
+    CUDA cores): the sums of WORDS words at a time (``_packed_sums``) times their group's
+    scale. p the packed words [BN, 1, BW], sc and z the groups' scales and zeros
+    (``_group_params``: one a row, or one a word with WORDS 1), xp ``_x_packed_pairs``."""
+    if WORDS == 2 and sc.shape[2] > 1:     # a scale (and zero) a word: one per two words
+        sc = _halves(sc)[0]
+        z = _halves(z)[0]
     if HAS_ZEROS:      # -(128 + z), exact in bf16, in both lanes
         nz = (-(z + 128.0)).to(tl.bfloat16).to(tl.uint16, bitcast=True).to(tl.uint32)
         nz2 = nz | (nz << 16)
     else:              # symmetric: z = 8, bf16(-136) in both lanes
         nz2 = tl.full(sc.shape, 0xC308C308, tl.uint32)
-    sums = _packed_word_sums(p, (xp[0][None, :, :], xp[1][None, :, :], xp[2][None, :, :],
-                                 xp[3][None, :, :]), nz2, COMPILED)
+    sums = _packed_sums(p, (xp[0][None, :, :], xp[1][None, :, :], xp[2][None, :, :],
+                            xp[3][None, :, :]), nz2, WORDS, COMPILED)
     return tl.fma(sums, sc, acc)
 
 
@@ -402,7 +437,8 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
     else:
         r = rows[:, None, None]
         wo = offs_w[None, None, :]
-        acc = tl.zeros((BLOCK_N, BLOCK_M, BW), dtype=tl.float32)
+        # (in bf16 pairs, PACKED words share an accumulator)
+        acc = tl.zeros((BLOCK_N, BLOCK_M, BW // PACKED if PACKED else BW), dtype=tl.float32)
     acc_up = tl.zeros_like(acc)
     q_gate = qw_ptr + r * words + wo
     q_up = qw_ptr + (r + N) * words + wo
@@ -445,7 +481,7 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
             acc = _tile_dot(acc, p, sc, z, x_tile, x_mask, HAS_ZEROS, ONE_GROUP, COMPILED)
         elif PACKED:
             xs = _x_packed_pairs(x_tile, x_mask)
-            acc = _tile_packed(acc, p, sc, z, xs, HAS_ZEROS, COMPILED)
+            acc = _tile_packed(acc, p, sc, z, xs, HAS_ZEROS, PACKED, COMPILED)
         else:
             xs = _x_values(x_tile, x_mask, X_PAIRS)
             acc = _tile_cuda_cores(acc, p, sc, z, xs, even_exp, odd_exp, HAS_ZEROS)
@@ -458,7 +494,8 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
                 acc_up = _tile_dot(acc_up, p2, sc_up, z_up, x_tile, x_mask, HAS_ZEROS,
                                    ONE_GROUP, COMPILED)
             elif PACKED:
-                acc_up = _tile_packed(acc_up, p2, sc_up, z_up, xs, HAS_ZEROS, COMPILED)
+                acc_up = _tile_packed(acc_up, p2, sc_up, z_up, xs, HAS_ZEROS, PACKED,
+                                      COMPILED)
             else:
                 acc_up = _tile_cuda_cores(acc_up, p2, sc_up, z_up, xs, even_exp, odd_exp,
                                           HAS_ZEROS)
@@ -507,9 +544,10 @@ def _launch(x, qweight, scales, zeros, group, bias, n, gated, config):
     block_m = max(DOT_MIN_ROWS, next_power_of_2(m)) if cfg.dot \
         else next_power_of_2(m)
     # CUDA cores read 16-bit activations as int32 pairs (X_PAIRS 1: bf16, 2: fp16); bf16 ones
-    # multiply in pairs with cfg.packed
+    # multiply in pairs with cfg.packed (words a bf16 sum)
     pairs = 0 if cfg.dot or x.dtype == torch.float32 else (1 if x.dtype == torch.bfloat16 else 2)
-    packed = cfg.packed and pairs == 1
+    packed = int(cfg.packed) if pairs == 1 else 0
+    assert packed in (0, 1, 2) and (packed < 2 or group % 16 == 0 and cfg.block_k >= 32)
     if pairs and x2.storage_offset() % 2:    # a view at an odd element: no int32 view of it
         x2 = x2.clone()
     _w4a16_gemv_kernel[(tiles, cfg.split_k)](

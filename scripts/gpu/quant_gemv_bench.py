@@ -112,11 +112,12 @@ def grid(kind: str, m: int, shape: Shape, smoke: bool):
             tiles += [(128, 128, False), (256, 128, False)] if m == 2 else [(64, 128, False)]
         else:
             tiles = [(bn, bk, True) for bn in (128, 64) for bk in (256, 128)]
-    # W4A16 on CUDA cores also in bf16 pairs (GemvConfig.packed; the bench's activations are
-    # bf16): the same tiles again
-    tiles = [(bn, bk, dot, False) for bn, bk, dot in tiles]
+    # W4A16 on CUDA cores also in bf16 pairs, one and two words a sum (GemvConfig.packed; the
+    # bench's activations are bf16): the same tiles again
+    tiles = [(bn, bk, dot, 0) for bn, bk, dot in tiles]
     if kind == "w4" and m <= 2 and not smoke:
-        tiles += [(bn, bk, False, True) for bn, bk, dot, _ in tiles if not dot]
+        tiles += [(bn, bk, False, words) for words in (1, 2) for bn, bk, dot, _ in tiles
+                  if not dot]
     out = []
     for bn, bk, dot, packed in tiles:
         chunks = math.ceil(shape.k / bk)
