@@ -25,7 +25,8 @@ lm_head in bf16), the large-M (offline, prefill) comparison of bf16 cuBLAS, the 
 _scaled_mm with either quantization, and the two TUNED tables ready to paste. Each (shape, M,
 kernel) sweep gets an equal share of what is left of --budget-s (default 170 s, compiles
 included): past 75% of its share it skips its second stage (warps x stages around the best
-tile), past 100% it stops (the default config is always timed).
+tile), past 100% it stops (the configs it starts with are always timed: the default and the
+TUNED table's, and for W4A16 on CUDA cores the latter in bf16 pairs).
 """
 from __future__ import annotations
 
@@ -227,8 +228,12 @@ class Bench:
             if self.baseline is not None:
                 rec["w4a16_gemv_before"] = self.time_baseline(x, w4s, group, bias, shape, m,
                                                               w4_bytes)
+            tuned = w4a16_gemv.select_config(m, shape.n, shape.k, group, shape.gated)
+            twins = [] if tuned.dot or args.smoke else [tuned._replace(packed=words)
+                                                        for words in (1, 2)]
             timed = {} if m not in args.swept["w4a16"] else self.sweep_kernel(
-                "w4", w4a16_gemv.default_config(m, shape.n, shape.k, group), w4_call, w4s,
+                "w4", [w4a16_gemv.default_config(m, shape.n, shape.k, group), tuned, *twins],
+                w4_call, w4s,
                 w4a16_reference(x, *w4, group, bias, shape.gated), w4_bytes / 2.5e12, m, shape,
                 f"w4a16 {shape.name} M={m}")
             rec["w4a16_gemv"] = ranked(timed, w4_bytes)
@@ -238,7 +243,7 @@ class Bench:
                     return fp8_gemv.fp8_gated_gemv(x, w[0], w[1], cfg)
                 return fp8_gemv.fp8_gemv(x, w[0], w[1], bias, cfg)
             timed = {} if m not in args.swept["fp8"] else self.sweep_kernel(
-                "fp8", fp8_gemv.default_config(m, shape.n, shape.k), f8_call, f8s,
+                "fp8", [fp8_gemv.default_config(m, shape.n, shape.k)], f8_call, f8s,
                 fp8_reference(x, *f8, bias, shape.gated), f8_bytes / 3e12, m, shape,
                 f"fp8 {shape.name} M={m}")
             rec["fp8_gemv"] = ranked(timed, f8_bytes)
@@ -274,11 +279,12 @@ class Bench:
             return None
         return {"us": t * 1e6, "tbs": nbytes / t / 1e12, "config": list(cfg)}
 
-    def sweep_kernel(self, kind, default, call, weights, reference, est, m, shape, label):
+    def sweep_kernel(self, kind, first, call, weights, reference, est, m, shape, label):
         """Times ``call(cfg, w)`` round-robin over the weight copies, each config checked on the
-        first copy against ``reference`` first. Stage 1 over the default config, tile shapes and
-        split-K; stage 2 over warps x stages for the best."""
-        configs = [default] + grid(kind, m, shape, self.args.smoke)
+        first copy against ``reference`` first. Stage 1 over the ``first`` configs (always timed),
+        tile shapes and split-K; stage 2 over warps x stages for the best."""
+        configs = list(dict.fromkeys(first + grid(kind, m, shape, self.args.smoke)))
+        always = len(dict.fromkeys(first))
 
         def run(cfg):
             return [lambda w=w: call(cfg, w) for w in weights]
@@ -287,19 +293,19 @@ class Bench:
             return rel_err(call(cfg, weights[0]), reference)
         timed: dict = {}
         start = self.start_sweep()
-        self._measure(configs, run, check, est, label, timed, 1)
+        self._measure(configs, run, check, est, label, timed, 1, always)
         stage2_from = start + 0.75 * (self.deadline - start)
         if timed and not self.args.smoke and self.elapsed() < stage2_from:
             best = sorted(timed, key=timed.get)[:1]
             self._measure(refine(best, m, shape, kind), run, check, est, label, timed, 2)
         return timed
 
-    def _measure(self, configs, run, check, est, label, timed, stage):
+    def _measure(self, configs, run, check, est, label, timed, stage, always=0):
         done = 0
         for cfg in configs:
             if cfg in timed:
                 continue
-            if (done or stage == 2) and self.elapsed() > self.deadline:
+            if (done >= max(1, always) or stage == 2) and self.elapsed() > self.deadline:
                 print(f"    {label}: out of time budget, {len(configs) - done} configs skipped",
                       flush=True)
                 return
