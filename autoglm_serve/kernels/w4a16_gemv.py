@@ -197,12 +197,19 @@ def _x_values(x_ptrs, x_mask, X_PAIRS: tl.constexpr):
 
 
 @triton.jit
+def _bf16_lanes(v):
+    """The low and high bf16 of each uint32 as fp32 (exact: a bf16 is an fp32's top half)."""
+    lo = (v << 16).to(tl.float32, bitcast=True)
+    hi = (v & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return lo, hi
+
+
+@triton.jit
 def _x_pair(x_ptrs, x_mask, I: tl.constexpr, X_PAIRS: tl.constexpr):
     """Activations 2I and 2I + 1 of each word from one int32 load (X_PAIRS 1: bf16, 2: fp16)."""
     xi = tl.load(x_ptrs + I, mask=x_mask, other=0)
     if X_PAIRS == 1:
-        lo = (xi << 16).to(tl.float32, bitcast=True)
-        hi = (xi & -65536).to(tl.float32, bitcast=True)
+        lo, hi = _bf16_lanes(xi.to(tl.uint32, bitcast=True))
     else:
         lo = xi.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
         hi = (xi >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
@@ -284,14 +291,6 @@ def _packed_words_asm(words: int) -> str:
 
 _ONE_WORD_ASM = tl.constexpr(_packed_words_asm(1))
 _TWO_WORDS_ASM = tl.constexpr(_packed_words_asm(2))
-
-
-@triton.jit
-def _bf16_lanes(v):
-    """The low and high bf16 of each uint32 as fp32 (exact: a bf16 is an fp32's top half)."""
-    lo = (v << 16).to(tl.float32, bitcast=True)
-    hi = (v & 0xFFFF0000).to(tl.float32, bitcast=True)
-    return lo, hi
 
 
 @triton.jit
