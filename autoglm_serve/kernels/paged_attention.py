@@ -182,8 +182,12 @@ def decode_split(num_seqs: int, num_kv_heads: int, num_sms: int,
     pairs = max(1, num_seqs * num_kv_heads)
     want = math.ceil(4 * num_sms / pairs)
     partitions = max(1, min(next_power_of_2(want), max_partitions))
-    tiles = (ONE_SEQUENCE_DECODE_TILES if num_seqs == 1 else SMALL_BATCH_DECODE_TILES
-             if pairs <= SMALL_BATCH_PAIRS else DECODE_TILES)
+    if num_seqs == 1:
+        tiles = ONE_SEQUENCE_DECODE_TILES
+    elif pairs <= SMALL_BATCH_PAIRS:
+        tiles = SMALL_BATCH_DECODE_TILES
+    else:
+        tiles = DECODE_TILES
     min_chunk = tiles.tile_n if pairs < num_sms else DECODE_MIN_CHUNK
     return DecodeSplit(partitions, min_chunk, num_sms, tiles)
 
