@@ -63,19 +63,20 @@ ODD_EXP = 0x41800000
 # (kind, rows bucket, N, K, group) -> config (or None: kernels/wna16.py), from the H200.
 # (scripts/gpu/quant_gemv_bench.py, 2026-12-01; one row: scripts/gpu/quant_gemv_depth.py,
 # 2026-12-03, and with the scales prefetched a sweep of tiles, warps and stages, 2026-12-04;
-# comments: this config, the fallback). The 2-row entries marked H100: quant_gemv_bench.py on
-# an H100, 2026-12-06, where CUDA cores beat this table's tensor-core choice by 1.2-1.8x.
+# comments: this config, the fallback). The entries marked H100: quant_gemv_bench.py on an
+# H100, 2026-12-06; those with a last field of 2 sum two words a bf16 pair
+# (``GemvConfig.packed``), which beat the fp32 CUDA-core sums there by 2-10%.
 TUNED: dict[tuple[str, int, int, int, int], GemvConfig | None] = {
-    ('gated', 1, 13696, 4096, 128): GemvConfig(64, 128, 4, 4, 2, False),  # 30.3 us (128 x 128: 30.7, before the prefetch 31.9), GEMM kernel 228.1
-    ('gated', 2, 13696, 4096, 128): GemvConfig(128, 128, 4, 4, 2, False),  # H100: 45.2 us (tensor cores 72.1), GEMM kernel 214.1
+    ('gated', 1, 13696, 4096, 128): GemvConfig(64, 128, 4, 4, 2, False, 2),  # H100: 30.9 us (CUDA-core sums 33.9), GEMM kernel 225.7
+    ('gated', 2, 13696, 4096, 128): GemvConfig(128, 128, 8, 4, 3, False, 2),  # H100: 35.0 us (one word a sum 37.3), GEMM kernel 214.0
     ('gated', 4, 13696, 4096, 128): GemvConfig(128, 128, 2, 4, 3, True),  # 72.8 us, GEMM kernel 217.4
     ('gated', 8, 13696, 4096, 128): GemvConfig(128, 128, 2, 4, 3, True),  # 75.3 us, GEMM kernel 217.3
     ('linear', 1, 4096, 13696, 128): GemvConfig(256, 128, 16, 4, 2, False),  # 15.0 us (before the prefetch 17.6), GEMM kernel 114.2
-    ('linear', 2, 4096, 13696, 128): GemvConfig(128, 128, 8, 4, 2, False),  # H100: 21.8 us (tensor cores 40.0)
+    ('linear', 2, 4096, 13696, 128): GemvConfig(128, 128, 8, 4, 2, False, 2),  # H100: 20.2 us (CUDA-core sums 20.8)
     ('linear', 4, 4096, 13696, 128): GemvConfig(64, 128, 8, 4, 3, True),  # 40.0 us, GEMM kernel 110.8
     ('linear', 8, 4096, 13696, 128): GemvConfig(128, 128, 8, 4, 3, True),  # 45.8 us, GEMM kernel 110.6
-    ('linear', 1, 4608, 4096, 128): GemvConfig(128, 128, 8, 4, 2, False),  # 8.1 us (before the prefetch 8.2), GEMM kernel 59.6
-    ('linear', 2, 4608, 4096, 128): GemvConfig(128, 128, 8, 4, 2, False),  # H100: 12.4 us (tensor cores 15.5)
+    ('linear', 1, 4608, 4096, 128): GemvConfig(128, 128, 8, 4, 3, False, 2),  # H100: 7.7 us (CUDA-core sums 8.0), GEMM kernel 57.8
+    ('linear', 2, 4608, 4096, 128): GemvConfig(128, 128, 8, 4, 2, False, 2),  # H100: 9.2 us (one word a sum 9.4)
     ('linear', 4, 4608, 4096, 128): GemvConfig(128, 128, 8, 4, 3, True),  # 15.8 us, GEMM kernel 57.4
     ('linear', 8, 4608, 4096, 128): GemvConfig(128, 128, 8, 4, 3, True),  # 17.5 us, GEMM kernel 57.6
     ('linear', 1, 4096, 4096, 128): GemvConfig(128, 128, 16, 4, 2, False),  # 6.6 us (before the prefetch 7.1), GEMM kernel 35.7
