@@ -1,6 +1,10 @@
 """The GPU fast path (Triton attention, fused kernels, decode CUDA graphs) against plain PyTorch
 (the reference attention backend, fused kernels off, eager), same weights, a mixed batch. Runs
 only where CUDA is present."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -159,3 +163,32 @@ def test_mixed_steps_compile_nothing_once_serving(tmp_path, caplog):
     compiles = [r.getMessage() for r in caplog.records if "compiled while serving" in
                 r.getMessage()]
     assert not compiles, compiles
+
+
+COLD_START = """
+import logging, sys
+logging.basicConfig(level=logging.WARNING)
+from autoglm_serve import LLM, SamplingParams
+llm = LLM(sys.argv[1], skip_tokenizer_init=True, dtype="bfloat16", block_size=16,
+          max_num_batched_tokens=96, kv_cache_memory_gib=1, max_num_seqs=8)
+assert llm.engine.core.runner.graphs is not None, "no decode graphs"
+outs = llm.generate([[3, 4, 5] * 5, [7] * 40], SamplingParams(temperature=0.8, max_tokens=8,
+                                                              ignore_eos=True))
+assert [len(o.outputs[0].token_ids) for o in outs] == [8, 8]
+"""
+
+
+def test_decode_graphs_capture_on_a_cold_triton_cache(tmp_path):
+    """A new process with an empty Triton cache (a new machine or Triton version) starts the
+    engine, captures its decode graphs with no kernel compiled inside a capture, and samples.
+    The decode kernel's graph variant used to compile inside the capture: with a cold cache
+    that invalidated it, the engine failed to start, and the failed capture left the process's
+    CUDA generator unusable (5 of 7 of this file's tests failed on fresh H100s)."""
+    path = build(tmp_path, "glm4-real-shapes")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    proc = subprocess.run([sys.executable, "-c", COLD_START, str(path)], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    assert "compiled while capturing" not in proc.stderr, proc.stderr[-6000:]
+    assert os.listdir(tmp_path / "triton-cache")   # the cache was used, and was cold

@@ -1,13 +1,16 @@
-"""A warning for every Triton kernel compiled once the engine serves.
+"""A warning for every Triton kernel compiled once the engine serves, or inside a CUDA-graph
+capture.
 
-Start-up compiles every kernel variant that serving should need (self-checks, CUDA-graph capture,
-warm-up). A compile later stalls the whole batch for up to a second or more, and it means a
-kernel argument is specialized on something the traffic changes (an integer's value class, a
-pointer's alignment): the fix is ``do_not_specialize`` or a wider warm-up, and this log says
-which kernel and signature to look at.
+Start-up compiles every kernel variant that serving should need (self-checks, the eager pass
+before each capture, warm-up). A compile later stalls the whole batch for up to a second or
+more, and it means a kernel argument is specialized on something the traffic changes (an
+integer's value class, a pointer's alignment): the fix is ``do_not_specialize`` or a wider
+warm-up, and this log says which kernel and signature to look at. A compile inside a capture
+can invalidate it (seen with a cold Triton cache): the eager pass before it missed a variant.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
@@ -16,6 +19,7 @@ import triton
 logger = logging.getLogger(__name__)
 
 _started: dict = {}
+_during = ["serving"]   # what a compile now interrupts, for the warning
 
 
 def _before_compile(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
@@ -40,8 +44,8 @@ def _after_compile(*, key, repr, fn, compile, is_manual_warmup, already_compiled
         what = _specialization(fn, compile)
     except Exception:   # a Triton version with other hook fields: never fail the launch
         what = repr
-    logger.warning("Triton kernel %s compiled while serving (%.2f s; a stall for every running "
-                   "request) for %s", fn.name, seconds, what)
+    logger.warning("Triton kernel %s compiled while %s (%.2f s; a stall for every running "
+                   "request) for %s", fn.name, _during[0], seconds, what)
 
 
 def watch(on: bool = True) -> None:
@@ -49,3 +53,16 @@ def watch(on: bool = True) -> None:
     engine's start-up in the same process begins with ``watch(False)``)."""
     triton.knobs.runtime.jit_cache_hook = _before_compile if on else None
     triton.knobs.runtime.jit_post_compile_hook = _after_compile if on else None
+
+
+@contextlib.contextmanager
+def watching(during: str):
+    """Logs each compile within as one "while <during>"; the watch is as before afterwards."""
+    was = (triton.knobs.runtime.jit_cache_hook, triton.knobs.runtime.jit_post_compile_hook)
+    _during[0] = during
+    watch()
+    try:
+        yield
+    finally:
+        _during[0] = "serving"
+        triton.knobs.runtime.jit_cache_hook, triton.knobs.runtime.jit_post_compile_hook = was

@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from autoglm_serve.kernels import compile_watch
 from autoglm_serve.models.layers.attention import AttentionMetadata
 
 logger = logging.getLogger(__name__)
@@ -68,15 +69,17 @@ class DecodeGraphs:
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for bs in reversed(self.sizes):   # largest first: later graphs reuse its memory
-                # eager, to compile and autotune outside the graph; with the K/V written by
-                # the write kernel, as in a mixed step of bs decodes, so that this compiles
-                # that step's decode kernel and the capture the graph's (the kernel writes
-                # it itself): mixed steps compiled five variants while serving otherwise, 1.0-
-                # 1.4 s each on the H200 (quant_bench's offline figure, a cold Triton cache)
+                # eager first, so that every kernel compiles outside the graph: a compile inside
+                # the capture (a cold Triton cache) invalidated it and failed the engine's start.
+                # Both decode-kernel variants: the one mixed steps run (their K/V written by the
+                # write kernel; it compiled while serving otherwise, 1.0-1.4 s a split on the
+                # H200) and the graph's own (the kernel writes the K/V itself).
                 with self.backend.kv_write_kernel():
                     self._forward(bs, max_seq_len)
+                self._forward(bs, max_seq_len)
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                with compile_watch.watching("capturing a CUDA graph"), \
+                        torch.cuda.graph(graph, pool=pool, stream=stream):
                     self.logits[bs] = self._forward(bs, max_seq_len)
                 self.graphs[bs] = graph
         torch.cuda.current_stream(self.device).wait_stream(stream)
