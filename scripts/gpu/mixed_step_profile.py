@@ -115,15 +115,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=48)
-    ap.add_argument("--server-args", default="", help="e.g. decode_step_tokens=1024")
+    ap.add_argument("--server-args", default="",
+                    help="engine arguments, e.g. decode_step_tokens=1024 quantization=fp8")
     ap.add_argument("--sync-debug", action="store_true")
     args = ap.parse_args()
     # the server's step budget (the offline API's default is larger on a GPU)
-    extra = {"max_num_batched_tokens": 2048,
-             **dict(kv.split("=") for kv in args.server_args.split())}
+    extra = {"max_num_batched_tokens": 2048}
+    for kv in args.server_args.split():
+        k, v = kv.split("=")
+        extra[k] = int(v) if v.isdigit() else v
     llm = LLM("autoglm-phone-9b", load_format="dummy", dtype="bfloat16", max_model_len=25480,
               mm_processor_kwargs={"max_pixels": 5_000_000}, limit_mm_per_prompt={"image": 10},
-              **{k: int(v) for k, v in extra.items()})
+              **extra)
     sp = SamplingParams(temperature=0, top_p=0.85, frequency_penalty=0.2,
                         max_tokens=args.max_tokens, ignore_eos=True)
     urls = screenshots(args.requests + 1)
