@@ -63,6 +63,28 @@ def conversation(k: int, url: str) -> list[dict]:
                                          {"type": "text", "text": f"** Screen Info ** {k}"}]}]
 
 
+def step_kind(rec) -> str:
+    tokens = sum(s.num_new_tokens for s in rec.scheduled.scheduled if s.num_new_tokens > 1)
+    return ("both" if tokens and rec.encoder_tokens else "vision" if rec.encoder_tokens
+            else "prompt" if tokens else "decode")
+
+
+def print_step_table(records) -> None:
+    """Mean host time of each step part (engine/step_trace.py), by step kind."""
+    parts = ("encode_s", "schedule_s", "launch_s", "wait_s")
+    kinds = {"decode": [], "prompt": [], "vision": [], "both": []}
+    for seconds, rec in records:
+        if rec is not None:
+            kinds[step_kind(rec)].append((seconds, rec))
+    print("\n| step kind | steps | step ms | " + " | ".join(p[:-2] + " ms" for p in parts) + " |")
+    print("| --- | --- | --- |" + " --- |" * len(parts))
+    for kind, rows in kinds.items():
+        if rows:
+            means = [statistics.mean(getattr(r, p) for _, r in rows) * 1e3 for p in parts]
+            print(f"| {kind} | {len(rows)} | {statistics.mean(s for s, _ in rows) * 1e3:.1f} | "
+                  + " | ".join(f"{m:.1f}" for m in means) + " |")
+
+
 def sync_audit(engine, core) -> None:
     """Steps to the end with every synchronizing CUDA call reported, grouped by the stack of
     the engine's own frames that made it."""
@@ -86,24 +108,21 @@ def sync_audit(engine, core) -> None:
     monitor.start()
     t0 = time.perf_counter()
     torch.cuda.set_sync_debug_mode("warn")
-    steps = []
+    records = []
     while engine.has_unfinished():
         t = time.perf_counter()
         engine.step()
         rec = core.last_step
-        tokens = sum(s.num_new_tokens for s in rec.scheduled.scheduled
-                     if s.num_new_tokens > 1) if rec is not None else 0
-        current["kind"] = ("both" if tokens and rec.encoder_tokens else "vision"
-                           if rec is not None and rec.encoder_tokens else
-                           "prompt" if tokens else "decode")
-        steps.append(time.perf_counter() - t)
+        current["kind"] = step_kind(rec) if rec is not None else "?"
+        records.append((time.perf_counter() - t, rec))
     torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
     t1 = time.perf_counter()
     monitor.stop()
     stats = monitor.stats(t0, t1)
-    print(f"{len(steps)} steps in {t1 - t0:.2f} s; NVML busy {stats.util_mean}% "
+    print(f"{len(records)} steps in {t1 - t0:.2f} s; NVML busy {stats.util_mean}% "
           f"({stats.samples} samples)")
+    print_step_table(records)
     print("\n== synchronizing calls (kind of the step before, message, engine frames)")
     for (kind, message, where), count in stacks.most_common(25):
         print(f"\n{count} x [{kind}] {message}")
@@ -156,22 +175,7 @@ def main() -> None:
     print(f"{len(records)} steps in {wall:.2f} s; GPU kernel time {gpu_us / 1e6:.2f} s "
           f"({100 * gpu_us / 1e6 / wall:.0f}% of the wall, kernels summed; profiler overhead "
           f"included)")
-    parts = ("encode_s", "schedule_s", "launch_s", "wait_s")
-    kinds = {"decode": [], "prompt": [], "vision": [], "both": []}
-    for seconds, rec in records:
-        if rec is None:
-            continue
-        tokens = sum(s.num_new_tokens for s in rec.scheduled.scheduled if s.num_new_tokens > 1)
-        kind = ("both" if tokens and rec.encoder_tokens else "vision" if rec.encoder_tokens
-                else "prompt" if tokens else "decode")
-        kinds[kind].append((seconds, rec))
-    print("\n| step kind | steps | step ms | " + " | ".join(p[:-2] + " ms" for p in parts) + " |")
-    print("| --- | --- | --- |" + " --- |" * len(parts))
-    for kind, rows in kinds.items():
-        if rows:
-            means = [statistics.mean(getattr(r, p) for _, r in rows) * 1e3 for p in parts]
-            print(f"| {kind} | {len(rows)} | {statistics.mean(s for s, _ in rows) * 1e3:.1f} | "
-                  + " | ".join(f"{m:.1f}" for m in means) + " |")
+    print_step_table(records)
 
     print("\n== host calls that can wait for the device (self CPU time), by Python stack")
     stacked = prof.key_averages(group_by_stack_n=6)
