@@ -132,6 +132,33 @@ def test_fp8_gemm_adds_the_bias(dtype):
     assert rel(out.float(), ref) < (1e-2 if dtype == torch.bfloat16 else 2e-4)
 
 
+def test_fp8_prompt_rows_take_fast_accumulation(monkeypatch):
+    """A prompt's rows (over FAST_ACCUM_ABOVE_ROWS) ask ``_scaled_mm`` for fast accumulation,
+    a decode batch's do not; both stay within the W8A8 product's tolerance."""
+    from autoglm_serve.quantization import fp8
+    if DEVICE == "cpu" and not fp8.cpu_scaled_mm_takes_row_scales():   # (its probe cached)
+        pytest.skip("this CPU build multiplies in float32, without _scaled_mm")
+    asked = []
+    real = torch._scaled_mm
+
+    def scaled_mm(*args, **kwargs):   # the real GEMM, its flag recorded
+        asked.append(kwargs.get("use_fast_accum", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "_scaled_mm", scaled_mm)
+    monkeypatch.setattr(fp8, "_split_k_gemm", lambda *a, **kw: None)   # all on _scaled_mm
+    monkeypatch.setattr(fp8, "_decode_gemv", lambda *a, **kw: None)
+    g = torch.Generator().manual_seed(0)
+    wq, ws = quantize_rows((torch.randn(48, 64, generator=g) * 0.1).to(DEVICE))
+    for rows in (1, fp8.FAST_ACCUM_ABOVE_ROWS, fp8.FAST_ACCUM_ABOVE_ROWS + 1, 2048):
+        x = torch.randn(rows, 64, generator=g).to(DEVICE, torch.bfloat16)
+        asked.clear()
+        out = fp8_linear(x, wq, ws.view(-1), None)
+        assert asked == [rows > fp8.FAST_ACCUM_ABOVE_ROWS], rows
+        xq, xs = quantize_rows(x)
+        assert rel(out.float(), F.linear(xq.float() * xs, wq.float() * ws)) < 1e-2
+
+
 def test_fp8_gemm_on_a_cpu_whose_scaled_mm_takes_single_scales_only(monkeypatch):
     """torch 2.11's CPU `_scaled_mm` asserts per-tensor scales: there the e4m3 values are
     multiplied in float32, the same products as `_scaled_mm` gives where it takes row scales."""
