@@ -48,6 +48,24 @@ def test_w4a16_gemv_matches_dequantized_matmul(group, zeros, m):
         assert rel(out, w4a16_reference(x, qw, s, z, group, bias if zeros else None)) < 1e-5, cfg
 
 
+@pytest.mark.parametrize("m", [17, 33, w4a16_gemv.WIDE_MAX_ROWS])
+def test_w4a16_gemv_past_sixteen_rows(m):
+    """Decode batches of 17..WIDE_MAX_ROWS rows on tensor cores, with split-K (its partials'
+    workspace holds WIDE_MAX_ROWS rows; one of 16 rows would be overrun), bias and gating."""
+    g = gen()
+    qw, s, z = random_w4(37, 384, 128, True, torch.bfloat16, DEVICE, g)
+    gate_up = random_w4(2 * 21, 384, 128, False, torch.bfloat16, DEVICE, g)
+    bias = torch.randn(37, generator=g).to(DEVICE)
+    x = torch.randn(m, 384, generator=g).to(DEVICE)
+    for cfg in (Config(16, 128, 3, dot=True), Config(32, 128, 1, dot=True)):
+        out = w4a16_gemv.w4a16_gemv(x, qw, s, z, 128, bias, cfg)
+        assert out.shape == (m, 37)
+        assert rel(out, w4a16_reference(x, qw, s, z, 128, bias)) < 1e-5, cfg
+        x16 = x.to(torch.bfloat16)
+        out = w4a16_gemv.w4a16_gated_gemv(x16, *gate_up, 128, cfg)
+        assert rel(out, w4a16_reference(x16, *gate_up, 128, gated=True)) < 1e-2, cfg
+
+
 @pytest.mark.parametrize("m", [1, 3])
 def test_w4a16_gated_gemv_matches_two_step_path(m):
     g = gen()
@@ -303,13 +321,20 @@ def test_start_up_check_switches_a_wrong_kernel_off(monkeypatch, kernel, name, w
 
 
 @pytest.mark.gpu
-def test_layers_take_the_gemvs_for_a_few_rows_only():
+def test_layers_take_the_gemvs_for_a_few_rows_only(monkeypatch):
     x1 = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
     x32 = torch.randn(32, 4096, device="cuda", dtype=torch.bfloat16)
     qw, s, _ = random_w4(4608, 4096, 128, False, torch.bfloat16, "cuda", gen())
     assert w4a16_gemv.supports(x1, qw, s, 4, 128)
     assert w4a16_gemv.supports(x32[:16], qw, s, 4, 128)
-    assert not w4a16_gemv.supports(x32, qw, s, 4, 128)
+    assert not w4a16_gemv.supports(x32, qw, s, 4, 128)    # 17+ rows: only where measured
+    monkeypatch.setitem(w4a16_gemv.TUNED, ("linear", 32, 4608, 4096, 128),
+                        Config(64, 128, 2, dot=True))
+    assert w4a16_gemv.supports(x32, qw, s, 4, 128)
+    assert not w4a16_gemv.supports(torch.randn(40, 4096, device="cuda", dtype=torch.bfloat16),
+                                   qw, s, 4, 128)     # 33..64 rows: not measured here
+    assert rel(w4a16_gemv.w4a16_gemv(x32, qw, s, None, 128),
+               w4a16_reference(x32, qw, s, None, 128)) < 1e-2
     w, ws = random_fp8(4608, 4096, "cuda", gen())
     assert fp8_gemv.supports(x1, w) and not fp8_gemv.supports(x32, w)
     assert rel(fp8.fp8_linear(x32, w, ws, None), fp8_reference(x32, w, ws)) < 1e-2
@@ -337,11 +362,13 @@ def test_compiled_gemvs_at_the_model_shapes(dtype):
         rows = 2 * n if gated else n
         qw, s, z = random_w4(rows, k, 128, True, dtype, "cuda", g)
         w, ws = random_fp8(rows, k, "cuda", g)
-        for m in (1, 2, 8, 16):
+        for m in (1, 2, 8, 16, 32, w4a16_gemv.WIDE_MAX_ROWS):
             x = torch.randn(m, k, generator=g, device="cuda").to(dtype)
             want = w4a16_reference(x, qw, s, z, 128, gated=gated)
             want8 = fp8_reference(x, w, ws, gated=gated)
             w4_configs = [None, Config(128, 128, 2, dot=True)]
+            if m > w4a16_gemv.MAX_ROWS:     # decode batches of 32-64 (where TUNED takes them)
+                w4_configs = [Config(64, 128, 2, dot=True), Config(32, 128, 4, dot=True)]
             if m <= 2:
                 w4_configs += [Config(256, 128, 2, dot=False), Config(256, 128, 2, packed=1),
                                Config(256, 128, 2, packed=2)]

@@ -316,13 +316,15 @@ def as_rows(x: torch.Tensor, k: int, max_rows: int) -> torch.Tensor:
     return x2
 
 
-def launch_buffers(x: torch.Tensor, m: int, n: int, cfg: GemvConfig, gated: bool):
-    """(y [m, n], tiles of N, split-K partials, counters) of one launch; without split-K the
-    kernel takes y in place of the (unused) workspace."""
+def launch_buffers(x: torch.Tensor, m: int, n: int, cfg: GemvConfig, gated: bool,
+                   max_rows: int = MAX_ROWS):
+    """(y [m, n], tiles of N, split-K partials for up to ``max_rows`` rows, counters) of one
+    launch; without split-K the kernel takes y in place of the (unused) workspace."""
+    assert m <= max_rows
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     tiles = triton.cdiv(n, cfg.block_n)
     if cfg.split_k > 1:
-        partials, counts = workspace(x.device, n, tiles, cfg.split_k, gated)
+        partials, counts = workspace(x.device, n, tiles, cfg.split_k, gated, max_rows)
     else:
         partials, counts = y, y   # unused
     return y, tiles, partials, counts

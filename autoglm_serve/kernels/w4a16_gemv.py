@@ -1,5 +1,8 @@
 """Decode GEMV for int4 weights with 16-bit activations (W4A16): y = x @ dequant(W)^T (+ bias)
-for 1..MAX_ROWS activation rows, the GEMM kernels/wna16.py runs at prefill.
+for 1..MAX_ROWS activation rows, and up to WIDE_MAX_ROWS where TUNED has a config for the rows
+(there the alternative dequantizes the whole weight for cuBLAS, kernels/wna16_dequant.py, which
+reads the packed weight and writes and reads a 16-bit copy of it); the GEMM kernels/wna16.py
+runs at prefill.
 
 The weight is our packed layout (quantization/packing.py): int32 words along K, nibble j of a
 word is input channel 8w + j, one scale (and optionally a uint8 zero) per group of input
@@ -20,9 +23,9 @@ workspaces) with these changes:
   before, when the zero and scale took an fma per weight and the tile was laid out one row
   per thread);
 - CUDA cores (``dot=False``, any rows): products accumulated elementwise in fp32 and reduced
-  across K once at the end; ``dot=True`` (2..MAX_ROWS rows): eight tensor-core products per
-  tile of the exact integers q - z in x's dtype (``_integer_weights``), scaled after them when
-  the tile lies in one group; the sweep picks;
+  across K once at the end; ``dot=True`` (2..WIDE_MAX_ROWS rows): eight tensor-core products
+  per tile of the exact integers q - z in x's dtype (``_integer_weights``), scaled after them
+  when the tile lies in one group; the sweep picks;
 - ``packed=1`` or ``2`` (bf16 activations, CUDA cores): a word's nibbles k and k + 4 become
   one bf16 pair 128 + q with one LOP3, and the pair's products and sums run as bf16x2 fma's
   (``_packed_words_asm``) over 1 or 2 words, whose two lanes are then added in fp32 and
@@ -51,6 +54,7 @@ from autoglm_serve.kernels.pdl import let_dependents_launch, wait_for_previous_g
 
 ENABLED = True
 MAX_ROWS = 16           # the decode CUDA graphs' batch sizes 1, 2, 4, 8, 16
+WIDE_MAX_ROWS = 64      # 17..64 rows (decode batches of 32, 48, 64): only where TUNED says
 DOT_MIN_ROWS = 16       # tl.dot's smallest tile side for 16-bit operands
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # the exponent bits of 256.0 and 16.0, passed as arguments so they sit in registers: ptxas then
@@ -524,23 +528,27 @@ def supports(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits:
     if not (qweight.is_contiguous() and scales.is_contiguous()):
         return False
     m = x.numel() // k
-    if not 1 <= m <= MAX_ROWS:
+    if not 1 <= m <= WIDE_MAX_ROWS:
         return False
     n = qweight.shape[0] // 2 if gated else qweight.shape[0]
     if gated and (qweight.shape[0] % 2 or bias is not None):
         return False
     key = _tuned_key(m, n, k, group, gated)
+    if m > MAX_ROWS:     # measured against dequantize-then-cuBLAS, or not taken
+        return TUNED.get(key) is not None
     return key not in TUNED or TUNED[key] is not None
 
 
 def _launch(x, qweight, scales, zeros, group, bias, n, gated, config):
     k = x.shape[-1]
-    x2 = as_rows(x, k, MAX_ROWS)
+    x2 = as_rows(x, k, WIDE_MAX_ROWS)
     m = x2.shape[0]
     cfg = config or select_config(m, n, k, group, gated)
     assert cfg.block_k % 8 == 0 and cfg.block_k >= 16
     assert not cfg.dot or (cfg.block_k >= 128 and cfg.block_n >= 16), "tl.dot tiles are >= 16"
-    y, tiles, partials, counts = launch_buffers(x, m, n, cfg, gated)
+    # split-K partials for the rows bucket (gate_up at 64 rows, split 8: 56 MB)
+    y, tiles, partials, counts = launch_buffers(x, m, n, cfg, gated,
+                                                max(MAX_ROWS, rows_bucket(m)))
     block_m = max(DOT_MIN_ROWS, next_power_of_2(m)) if cfg.dot \
         else next_power_of_2(m)
     # CUDA cores read 16-bit activations as int32 pairs (X_PAIRS 1: bf16, 2: fp16); bf16 ones
@@ -566,8 +574,8 @@ def _launch(x, qweight, scales, zeros, group, bias, n, gated, config):
 def w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor | None, group: int, bias: torch.Tensor | None = None,
                config: GemvConfig | None = None) -> torch.Tensor:
-    """x [..., K] (<= MAX_ROWS rows), qweight int32 [N, K / 8], scales [N, K / group], zeros
-    uint8 [N, K / group] or None (symmetric: 8) -> [..., N] in x's dtype."""
+    """x [..., K] (<= WIDE_MAX_ROWS rows), qweight int32 [N, K / 8], scales [N, K / group],
+    zeros uint8 [N, K / group] or None (symmetric: 8) -> [..., N] in x's dtype."""
     return _launch(x, qweight, scales, zeros, group, bias, qweight.shape[0], False, config)
 
 

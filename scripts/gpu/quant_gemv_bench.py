@@ -6,7 +6,8 @@ replace, on one GPU, at AutoGLM-Phone-9B's decode shapes.
     python3 scripts/gpu/quant_gemv_bench.py --smoke     # CPU, Triton interpreter, tiny shapes
 
 For each linear (qkv 4608x4096 + bias, o_proj 4096x4096, gate_up 27392x4096 + SiLU-and-mul,
-down 4096x13696) and M in 1, 2, 4, 8, 16 (the FP8 GEMV: up to 8):
+down 4096x13696) and M in 1, 2, 4, 8, 16 (--ms; the FP8 GEMV: up to 8, the W4A16 one up to 64,
+where above 16 rows its peer is the engine's path there, the weight dequantized for cuBLAS):
 
 - bf16: cuBLAS (F.linear, + the SiLU kernel for gate_up) and the engine's bf16 GEMV (gemv.py
   with its TUNED table, gated for gate_up);
@@ -175,7 +176,7 @@ class Bench:
         return 1 if self.args.smoke else copies_past_l2(nbytes)
 
     def run_shape(self, shape: Shape) -> list[dict]:
-        from autoglm_serve.kernels import fp8_gemv, fp8_quant, gemv, w4a16_gemv
+        from autoglm_serve.kernels import fp8_gemv, fp8_quant, gemv, w4a16_gemv, wna16_dequant
         from autoglm_serve.kernels.wna16 import wna16_linear
         from autoglm_serve.models.layers.activation import SiluAndMul
         from autoglm_serve.quantization import fp8
@@ -210,12 +211,18 @@ class Bench:
                 rec[name] = {"us": t * 1e6, "tbs": nbytes / t / 1e12}
 
             base("bf16_cublas", lambda w: post(F.linear(x, w, bias)), bf16_bytes, w16)
-            if shape.gated:
+            if m > gemv.MAX_ROWS:    # cuBLAS alone there
+                rec["bf16_gemv"] = rec["bf16_cublas"]
+            elif shape.gated:
                 base("bf16_gemv", lambda w: gemv.gated_gemv(x, w), bf16_bytes, w16)
             else:
                 base("bf16_gemv", lambda w: gemv.gemv(x, w, bias), bf16_bytes, w16)
             base("w4a16_gemm", lambda w: post(wna16_linear(x, w[0], w[1], w[2], 4, group, bias)),
                  w4_bytes, w4s)
+            if m > w4a16_gemv.MAX_ROWS:    # the engine's path there, unless TUNED has the rows
+                base("w4a16_dequant_cublas", lambda w: post(F.linear(
+                    x, wna16_dequant.dequantize(w[0], w[1], w[2], 4, group, DTYPE), bias)),
+                    w4_bytes, w4s)
             base("fp8_scaled_mm_torch_quant",
                  lambda w: post(scaled_mm(x, w, bias, fp8.quantize_rows)), f8_bytes, f8s)
             base("fp8_scaled_mm_fused_quant",
@@ -225,7 +232,8 @@ class Bench:
                 if shape.gated:
                     return w4a16_gemv.w4a16_gated_gemv(x, w[0], w[1], w[2], group, cfg)
                 return w4a16_gemv.w4a16_gemv(x, w[0], w[1], w[2], group, bias, cfg)
-            if self.baseline is not None:
+            old = self.baseline
+            if old is not None and m <= getattr(old, "WIDE_MAX_ROWS", old.MAX_ROWS):
                 rec["w4a16_gemv_before"] = self.time_baseline(x, w4s, group, bias, shape, m,
                                                               w4_bytes)
             tuned = w4a16_gemv.select_config(m, shape.n, shape.k, group, shape.gated)
@@ -368,6 +376,8 @@ def print_record(rec):
     print(f"{'':>13}   W4A16 GEMM {cell('w4a16_gemm')} | FP8 _scaled_mm torch-quant "
           f"{cell('fp8_scaled_mm_torch_quant')}, fused-quant {cell('fp8_scaled_mm_fused_quant')}",
           flush=True)
+    if "w4a16_dequant_cublas" in rec:
+        print(f"{'':>13}   W4A16 dequantize + cuBLAS {cell('w4a16_dequant_cublas')}", flush=True)
     if rec.get("w4a16_gemv_before"):
         b = rec["w4a16_gemv_before"]
         print(f"{'':>13}   w4a16_gemv before {b['us']:7.1f} us {b['tbs']:.2f} TB/s "
@@ -387,12 +397,20 @@ MODES = {
     "W4A16 GEMV before (--baseline, its table)": lambda r: (
         min(r["w4a16_gemm"]["us"], r["w4a16_gemv_before"]["us"])
         if r.get("w4a16_gemv_before") else None),
-    "W4A16 (with the table)": lambda r: min([r["w4a16_gemm"]["us"]]
+    "W4A16 (with the table)": lambda r: min([w4_fallback(r)[1]]
                                             + [e["us"] for e in r["w4a16_gemv"][:1]]),
     "FP8 _scaled_mm + torch quant (before)": lambda r: r["fp8_scaled_mm_torch_quant"]["us"],
     "FP8 (with the table)": lambda r: min([r["fp8_scaled_mm_fused_quant"]["us"]]
                                           + [e["us"] for e in r["fp8_gemv"][:1]]),
 }
+
+
+def w4_fallback(r) -> tuple[str, float]:
+    """(name, us) of the engine's W4A16 path where the GEMV is not taken: above MAX_ROWS rows
+    the weight dequantized for cuBLAS, else the GEMM kernel (kernels/wna16.py)."""
+    if "w4a16_dequant_cublas" in r:
+        return "dequantize + cuBLAS", r["w4a16_dequant_cublas"]["us"]
+    return "GEMM kernel", r["w4a16_gemm"]["us"]
 
 
 def step_ms(records, m, key, lm_head_us) -> float | None:
@@ -469,7 +487,8 @@ def result_table(records) -> str:
 
 def tables(records) -> str:
     from autoglm_serve.kernels.gemv import rows_bucket
-    w4 = ["# paste into autoglm_serve/kernels/w4a16_gemv.py (None: kernels/wna16.py was faster)",
+    w4 = ["# paste into autoglm_serve/kernels/w4a16_gemv.py (None: the engine's other path, "
+          "kernels/wna16.py or above 16 rows dequantize + cuBLAS, was faster)",
           "TUNED: dict[tuple[str, int, int, int, int], GemvConfig | None] = {"]
     f8 = ["# paste into autoglm_serve/kernels/fp8_gemv.py (None: _scaled_mm was faster)",
           "TUNED: dict[tuple[str, int, int, int], GemvConfig | None] = {"]
@@ -478,10 +497,10 @@ def tables(records) -> str:
             continue
         kind = "gated" if r["shape"].startswith("gate_up") else "linear"
         if r["w4a16_gemv"]:
-            best, peer = r["w4a16_gemv"][0], r["w4a16_gemm"]["us"]
+            best, (peer_name, peer) = r["w4a16_gemv"][0], w4_fallback(r)
             value = f"GemvConfig{tuple(best['config'])}" if best["us"] < peer else "None"
             key = (kind, r["m"], r["n"], r["k"], r["group"])
-            w4.append(f"    {key!r}: {value},  # {best['us']:.1f} us, GEMM kernel {peer:.1f}")
+            w4.append(f"    {key!r}: {value},  # {best['us']:.1f} us, {peer_name} {peer:.1f}")
         if r["fp8_gemv"]:
             best, peer = r["fp8_gemv"][0], r["fp8_scaled_mm_fused_quant"]["us"]
             value = f"GemvConfig{tuple(best['config'])}" if best["us"] < peer else "None"
@@ -494,7 +513,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes")
     ap.add_argument("--out", default="quant_gemv_bench.json")
-    ap.add_argument("--ms", default="1,2,4,8,16", help="rows; the FP8 GEMV takes up to 8")
+    ap.add_argument("--ms", default="1,2,4,8,16",
+                    help="rows; the FP8 GEMV takes up to 8, the W4A16 one up to 64")
     ap.add_argument("--large-ms", default="256,2048")
     ap.add_argument("--shapes", default=",".join(s.name for s in SHAPES))
     ap.add_argument("--budget-s", type=float, default=170.0)
@@ -507,7 +527,7 @@ def main():
     import triton
     if args.smoke:
         use_interpreter_fixes()
-        args.ms = [1, 3]
+        args.ms = [1, 3, 32]
         args.large_ms = [16]
         shapes = SMOKE_SHAPES
     else:
@@ -516,8 +536,9 @@ def main():
         print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton "
               f"{triton.__version__}", flush=True)
         shapes = [s for s in SHAPES if s.name in args.shapes.split(",")]
-    from autoglm_serve.kernels import fp8_gemv
-    takes = {"w4a16": args.ms, "fp8": [m for m in args.ms if m <= fp8_gemv.MAX_ROWS]}
+    from autoglm_serve.kernels import fp8_gemv, w4a16_gemv
+    takes = {"w4a16": [m for m in args.ms if m <= w4a16_gemv.WIDE_MAX_ROWS],
+             "fp8": [m for m in args.ms if m <= fp8_gemv.MAX_ROWS]}
     kernels = args.kernels.split(",")
     if not set(kernels) <= set(takes):
         ap.error(f"--kernels: some of {','.join(takes)}")
