@@ -19,7 +19,8 @@ and the few activation rows its narrow side. Programs that share a weight tile r
 other (the M tiles of one N tile are consecutive), so the weights stream from DRAM once. The
 products of e4m3 values are exact in fp32 and each BLOCK_K chunk's MMA is added to the fp32
 accumulator on its own (``max_num_imprecise_acc``), as cuBLAS does without fast accumulation:
-the W8A8 product ``_scaled_mm`` computes, up to summation order.
+the W8A8 product ``_scaled_mm`` computes for a decode batch, up to summation order (a prompt's
+rows, above ``fp8.FAST_ACCUM_ABOVE_ROWS``, take its fast accumulation instead).
 
 ``TUNED`` is keyed (rows bucket, N, K) and filled from scripts/gpu/fp8_gemm_sweep.py; a shape
 not there, or None there, stays on ``_scaled_mm``. quantization/kernel_checks.py
