@@ -19,7 +19,9 @@ import triton
 logger = logging.getLogger(__name__)
 
 _started: dict = {}
-_during = ["serving"]   # what a compile now interrupts, for the warning
+SERVING = "while serving, a stall for every running request"
+CAPTURING = "while capturing a CUDA graph, which it can invalidate"
+_during = [SERVING]   # what a compile now interrupts, for the warning
 
 
 def _before_compile(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
@@ -44,8 +46,8 @@ def _after_compile(*, key, repr, fn, compile, is_manual_warmup, already_compiled
         what = _specialization(fn, compile)
     except Exception:   # a Triton version with other hook fields: never fail the launch
         what = repr
-    logger.warning("Triton kernel %s compiled while %s (%.2f s; a stall for every running "
-                   "request) for %s", fn.name, _during[0], seconds, what)
+    logger.warning("Triton kernel %s compiled %s (%.2f s) for %s", fn.name, _during[0], seconds,
+                   what)
 
 
 def watch(on: bool = True) -> None:
@@ -57,12 +59,13 @@ def watch(on: bool = True) -> None:
 
 @contextlib.contextmanager
 def watching(during: str):
-    """Logs each compile within as one "while <during>"; the watch is as before afterwards."""
+    """Logs each compile within as one made ``during`` (e.g. "while capturing a CUDA graph");
+    the watch is as before afterwards."""
     was = (triton.knobs.runtime.jit_cache_hook, triton.knobs.runtime.jit_post_compile_hook)
     _during[0] = during
     watch()
     try:
         yield
     finally:
-        _during[0] = "serving"
+        _during[0] = SERVING
         triton.knobs.runtime.jit_cache_hook, triton.knobs.runtime.jit_post_compile_hook = was

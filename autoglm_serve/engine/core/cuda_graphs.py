@@ -78,7 +78,7 @@ class DecodeGraphs:
                     self._forward(bs, max_seq_len)
                 self._forward(bs, max_seq_len)
                 graph = torch.cuda.CUDAGraph()
-                with compile_watch.watching("capturing a CUDA graph"), \
+                with compile_watch.watching(compile_watch.CAPTURING), \
                         torch.cuda.graph(graph, pool=pool, stream=stream):
                     self.logits[bs] = self._forward(bs, max_seq_len)
                 self.graphs[bs] = graph
