@@ -61,11 +61,12 @@ def watch(on: bool = True) -> None:
 def watching(during: str):
     """Logs each compile within as one made ``during`` (e.g. "while capturing a CUDA graph");
     the watch is as before afterwards."""
-    was = (triton.knobs.runtime.jit_cache_hook, triton.knobs.runtime.jit_post_compile_hook)
+    was = (_during[0], triton.knobs.runtime.jit_cache_hook,
+           triton.knobs.runtime.jit_post_compile_hook)
     _during[0] = during
     watch()
     try:
         yield
     finally:
-        _during[0] = SERVING
-        triton.knobs.runtime.jit_cache_hook, triton.knobs.runtime.jit_post_compile_hook = was
+        (_during[0], triton.knobs.runtime.jit_cache_hook,
+         triton.knobs.runtime.jit_post_compile_hook) = was
