@@ -51,7 +51,8 @@ def test_w4a16_gemv_matches_dequantized_matmul(group, zeros, m):
 @pytest.mark.parametrize("m", [17, 33, w4a16_gemv.WIDE_MAX_ROWS])
 def test_w4a16_gemv_past_sixteen_rows(m):
     """Decode batches of 17..WIDE_MAX_ROWS rows on tensor cores, with split-K (its partials'
-    workspace holds WIDE_MAX_ROWS rows; one of 16 rows would be overrun), bias and gating."""
+    workspace holds the rows bucket, 32 or 64; one of 16 rows would be overrun), bias and
+    gating."""
     g = gen()
     qw, s, z = random_w4(37, 384, 128, True, torch.bfloat16, DEVICE, g)
     gate_up = random_w4(2 * 21, 384, 128, False, torch.bfloat16, DEVICE, g)
