@@ -85,7 +85,9 @@ def test_w4a16_gemv_in_bf16_pairs(group, zeros, m):
     """packed: bf16 activations multiplied in bf16 pairs, each word's nibbles k and k + 4 against
     activations k and k + 4, one or two words a sum (in the interpreter the same sums in fp32:
     this checks the pairing, the zero points, the scales a word or a row, and the tiles; the PTX
-    runs in the GPU test below). Partial K tiles and a partial N tile, split-K, gated too."""
+    runs in the GPU test below). Partial K tiles and a partial N tile, split-K, gated too. On a
+    GPU a sum of one or two words' pair products runs in bf16 (8-bit mantissas): 5.5e-3 to
+    1.1e-2 from the fp32 reference on an H100 at these short rows (K 320-384)."""
     k = 320 if group != 128 else 384
     g = gen()
     qw, s, z = random_w4(2 * 37, k, group, zeros, torch.bfloat16, DEVICE, g)
@@ -96,10 +98,10 @@ def test_w4a16_gemv_in_bf16_pairs(group, zeros, m):
         out = w4a16_gemv.w4a16_gemv(x, qw[:37], s[:37], z[:37] if zeros else None, group,
                                     None, cfg)
         want = w4a16_reference(x, qw[:37], s[:37], z[:37] if zeros else None, group)
-        assert out.dtype == torch.bfloat16 and rel(out, want) < 5e-3, cfg
+        assert out.dtype == torch.bfloat16 and rel(out, want) < 2e-2, cfg
         out = w4a16_gemv.w4a16_gated_gemv(x, qw, s, z if zeros else None, group, cfg)
         want = w4a16_reference(x, qw, s, z if zeros else None, group, gated=True)
-        assert rel(out, want) < 5e-3, cfg
+        assert rel(out, want) < 2e-2, cfg
     # other activation dtypes take the CUDA-core path as if packed were off
     x32 = x.float()
     out = w4a16_gemv.w4a16_gemv(x32, qw[:37], s[:37], z[:37] if zeros else None, group, None,
