@@ -11,7 +11,8 @@ dummy W4A16); fp8: W8A8.
 Each config: BLOCK_M,BLOCK_N,BLOCK_K,SPLIT_K,dot,gated[,num_warps,num_stages] (BLOCK_M as
 the launcher pads it: 16 for dot, else the rows rounded up to a power of two; num_warps 4 and
 num_stages 3 unless given). dot 2 or 3: W4A16 on CUDA cores in bf16 pairs, one or two words a
-sum (GemvConfig.packed 1 or 2).
+sum (GemvConfig.packed 1 or 2); FP8 on CUDA cores in f16 pairs: dot 2, 3 or 4 for one, two or
+four words a sum (packed 1, 2, 4).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin"
 
 
 def compile_kernel(kind: str, bm, bn, bk, split, dot, gated, warps=4, stages=3):
-    packed, dot = max(0, dot - 1), dot == 1
+    packed, dot = {2: 1, 3: 2, 4: 4}.get(dot, 0), dot == 1
     if kind in ("w4", "w4s"):
         fn = w4a16_gemv._w4a16_gemv_kernel
         # bf16 activations: CUDA cores read them as int32 pairs, as the launcher passes them
@@ -47,14 +48,14 @@ def compile_kernel(kind: str, bm, bn, bk, split, dot, gated, warps=4, stages=3):
         fn = fp8_gemv._fp8_gemv_kernel
         sig = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "bias_ptr": "*bf16",
                "y_ptr": "*bf16", "partial_ptr": "*fp32", "count_ptr": "*i32", "amax_ptr": "*fp32",
-               "M": "i32", "N": "i32", "K": "i32"}
+               "xp_ptr": "*i32", "wp_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
         # the amax pass's chunk as the launcher picks it at K = 4096 (qkv, gate_up, o_proj)
         consts = {"HAS_AMAX": False, "AMAX_BLOCK": fp8_gemv.amax_block(
-            4096, fp8_gemv.GemvConfig(bn, bk, split, warps, stages, bool(dot)))}
+            4096, fp8_gemv.GemvConfig(bn, bk, split, warps, stages, bool(dot))),
+            "PACKED": packed, "X_F16": False}
     consts.update(HAS_BIAS=False, GATED=gated, USE_DOT=dot, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                   SPLIT_K=split, EVEN_K=True, NUM_STAGES=stages, PDL=True)
-    if kind != "fp8":
-        consts["COMPILED"] = True
+    consts["COMPILED"] = True
     sig.update({c: "constexpr" for c in consts})
     names = list(sig)
     # what the launcher's specialization gives: 16-aligned pointers, sizes divisible by 16

@@ -152,6 +152,37 @@ def test_fp8_gemv_keeps_w8a8_numerics(bias, m):
     assert rel(fp8.fp8_linear(x, w, ws, b), want) < 5e-3
 
 
+@pytest.mark.parametrize("packed", fp8_gemv.PACKED_WORDS)
+@pytest.mark.parametrize("gated", [False, True])
+def test_fp8_gemv_in_f16_pairs(packed, gated):
+    """One row on CUDA cores in f16 pairs: 4 e4m3 weights a word, the activations quantized
+    in pairs and scaled by PAIR_SCALE, 1, 2 or 4 words a sum (in the interpreter the same
+    sums in fp32: this checks the words, the pairs, the scales and the tiles; the PTX runs in
+    the GPU test below). K = 200: a partial last K tile at BLOCK_K 64 and 128; N = 37 a
+    partial N tile; split-K; activations over three decades."""
+    g = gen()
+    w, ws = random_fp8(2 * 37 if gated else 37, 200, DEVICE, g)
+    for scale in (0.01, 1.0, 30.0):
+        x = (torch.randn(1, 200, generator=g) * scale).to(DEVICE, torch.bfloat16)
+        want = fp8_reference(x, w, ws, gated=gated)
+        for cfg in (Config(16, 64, 1, packed=packed), Config(8, 128, 2, packed=packed)):
+            out = (fp8_gemv.fp8_gated_gemv(x, w, ws, cfg) if gated
+                   else fp8_gemv.fp8_gemv(x, w, ws, None, cfg))
+            assert out.shape == (1, 37) and out.dtype == torch.bfloat16
+            assert rel(out, want) < 5e-3, (scale, cfg)
+    # fp16 activations: their pairs unpacked as f16
+    cfg = Config(8, 128, 2, packed=packed)
+    x16 = x.to(torch.float16)
+    out = (fp8_gemv.fp8_gated_gemv(x16, w, ws, cfg) if gated
+           else fp8_gemv.fp8_gemv(x16, w, ws, None, cfg))
+    assert out.dtype == torch.float16
+    assert rel(out, fp8_reference(x16, w, ws, gated=gated)) < 5e-3
+    # given the norm's amax, the same bits
+    amax = x.float().abs().amax(dim=-1)
+    assert torch.equal(fp8_gemv.fp8_gemv(x, w[:37], ws[:37], None, cfg, row_amax=amax),
+                       fp8_gemv.fp8_gemv(x, w[:37], ws[:37], None, cfg))
+
+
 def test_fp8_gemv_amax_in_chunks_wider_than_the_tile():
     """One row at down's K behind 1024-wide tiles: the amax pass reads 8192 activations a
     chunk, the second one masked past K; the row's largest value sits there, so a scale from
@@ -359,7 +390,8 @@ def test_w4a16_gemv_reads_an_odd_offset_view_of_16_bit_activations():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_compiled_gemvs_at_the_model_shapes(dtype):
     """The compiled paths the interpreter cannot run (inline PTX loads, 16-bit bit tricks and
-    packed arithmetic, e4m3 tensor cores) on AutoGLM's gate_up, down and qkv shapes."""
+    packed arithmetic in bf16 and f16 pairs, e4m3 tensor cores) on AutoGLM's gate_up, down and
+    qkv shapes."""
     g = torch.Generator(device="cuda").manual_seed(0)
     for n, k, gated in ((13696, 4096, True), (4096, 13696, False), (4608, 4096, False)):
         rows = 2 * n if gated else n
@@ -379,7 +411,10 @@ def test_compiled_gemvs_at_the_model_shapes(dtype):
                 out = (w4a16_gemv.w4a16_gated_gemv(x, qw, s, z, 128, cfg) if gated
                        else w4a16_gemv.w4a16_gemv(x, qw, s, z, 128, None, cfg))
                 assert rel(out, want) < 1e-2, (n, k, m, cfg)
-            for cfg in ((None, Config(128, 256, 2, dot=True)) if m <= fp8_gemv.MAX_ROWS else ()):
+            f8_configs = (None, Config(128, 256, 2, dot=True)) if m <= fp8_gemv.MAX_ROWS else ()
+            if m == 1:
+                f8_configs += tuple(Config(8, 512, 1, packed=p) for p in fp8_gemv.PACKED_WORDS)
+            for cfg in f8_configs:
                 out = (fp8_gemv.fp8_gated_gemv(x, w, ws, cfg) if gated
                        else fp8_gemv.fp8_gemv(x, w, ws, None, cfg))
                 assert rel(out, want8) < 1e-2, (n, k, m, cfg)

@@ -22,6 +22,14 @@ workspaces):
   converting the weights to bf16 first took 4.2; tiles of >= 64 rows, fewer fall back to the
   converting MMA). That MMA sums a chunk in an accumulator of fewer bits than fp32's, so each
   BLOCK_K chunk is added to the fp32 accumulator on its own (``max_num_imprecise_acc``);
+- ``packed`` (1, 2 or 4 words; one row on CUDA cores): the weight is read as int32 words of 4
+  e4m3 values, each half word becomes an f16 pair with one cvt, and the activations are
+  quantized a pair at a time into f16 pairs (times PAIR_SCALE, exact); the products and their
+  sum over the words run in fma.rn.f16x2, whose two lanes are then added in fp32. A product of
+  two e4m3 values is exact in f16, each partial sum rounds to 11 bits (as ``_scaled_mm``'s
+  fast accumulation in prompts rounds its chunks): in the sm_90 SASS 2.2-2.9 instructions a
+  weight against 4.0-4.5 (fp32 FMAs after two conversions a weight), 56-88 registers against
+  96-106 (scripts/quant_gemv_sass.py);
 - the fp32 result is scaled by x_scale * w_scale[n] before the split-K reduction (linear, so the
   partials may be scaled each), then bias or SiLU gating as in the bf16 GEMV.
 
@@ -31,6 +39,8 @@ GEMM, or ``_scaled_mm``). quantization/kernel_checks.py compares the kernel agai
 the W8A8 reference at start-up and sets ``ENABLED = False`` on a problem.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -46,6 +56,10 @@ from autoglm_serve.kernels.pdl import let_dependents_launch, wait_for_previous_g
 
 ENABLED = True
 MAX_ROWS = 8
+# packed configs: the activations enter the f16 pairs times 2**-5 (exact), so that a lane's sum
+# of up to 8 e4m3 products (4 words) stays within f16's 65,504: 8 * 448 * 448 / 32 = 50,176
+PAIR_SCALE = tl.constexpr(2.0 ** -5)
+PACKED_WORDS = (1, 2, 4)
 DOT_MIN_ROWS = 16
 DTYPES = (torch.bfloat16, torch.float16)
 
@@ -102,11 +116,12 @@ def select_config(m: int, n: int, k: int, gated: bool = False) -> GemvConfig:
 
 @triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr, count_ptr, amax_ptr,
-                     M, N, K, HAS_AMAX: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     GATED: tl.constexpr, USE_DOT: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr,
-                     AMAX_BLOCK: tl.constexpr, PDL: tl.constexpr):
+                     xp_ptr, wp_ptr, M, N, K, HAS_AMAX: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     GATED: tl.constexpr, USE_DOT: tl.constexpr, PACKED: tl.constexpr,
+                     X_F16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+                     NUM_STAGES: tl.constexpr, AMAX_BLOCK: tl.constexpr, COMPILED: tl.constexpr,
+                     PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n, rows, offs_m, offs_k, w_gate, w_up, x_tile, m_mask = row_tiles(
@@ -128,6 +143,31 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr, count_p
     x_inv = tl.div_rn(tl.full(x_scale.shape, 1.0, tl.float32), x_scale)
 
     k_start, k_end = split_k_range(pid_k, K, BLOCK_K, SPLIT_K)
+    if PACKED:
+        acc, acc_up = _packed_products(xp_ptr, wp_ptr, rows, N, K, k_start, k_end, x_scale,
+                                       x_inv, GATED, PACKED, X_F16, BLOCK_N, BLOCK_K, EVEN_K,
+                                       NUM_STAGES, COMPILED)
+        x_scale = x_scale / PAIR_SCALE     # the pairs' activations came scaled by PAIR_SCALE
+    else:
+        acc, acc_up = _products(x_tile, w_gate, w_up, offs_k, m_mask, K, k_start, k_end,
+                                x_scale, x_inv, GATED, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K,
+                                EVEN_K, NUM_STAGES)
+    let_dependents_launch(PDL)
+    out, out_up = reduce_accumulators(acc, acc_up, USE_DOT)
+    out = out * x_scale[None, :] * tl.load(ws_ptr + rows)[:, None]
+    if GATED:
+        out_up = out_up * x_scale[None, :] * tl.load(ws_ptr + rows + N)[:, None]
+    finish_split_k(y_ptr, bias_ptr, partial_ptr, count_ptr, out, out_up, rows, offs_m, offs_n,
+                   pid_n, pid_k, M, N, HAS_BIAS, GATED, SPLIT_K)
+
+
+@triton.jit
+def _products(x_tile, w_gate, w_up, offs_k, m_mask, K, k_start, k_end, x_scale, x_inv,
+              GATED: tl.constexpr, USE_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+              NUM_STAGES: tl.constexpr):
+    """The (gate, up) accumulators of ``zero_accumulators`` over K chunks [k_start, k_end):
+    each activation tile quantized, then e4m3 products on tensor cores or in fp32."""
     acc, acc_up = zero_accumulators(USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
     for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
         x, w, w2 = load_k_tile(x_tile, w_gate, w_up, k, offs_k, m_mask, K, GATED, EVEN_K)
@@ -144,13 +184,162 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, partial_ptr, count_p
             acc += w.to(tl.float32) * xq
             if GATED:
                 acc_up += w2.to(tl.float32) * xq
-    let_dependents_launch(PDL)
-    out, out_up = reduce_accumulators(acc, acc_up, USE_DOT)
-    out = out * x_scale[None, :] * tl.load(ws_ptr + rows)[:, None]
-    if GATED:
-        out_up = out_up * x_scale[None, :] * tl.load(ws_ptr + rows + N)[:, None]
-    finish_split_k(y_ptr, bias_ptr, partial_ptr, count_ptr, out, out_up, rows, offs_m, offs_n,
-                   pid_n, pid_k, M, N, HAS_BIAS, GATED, SPLIT_K)
+    return acc, acc_up
+
+
+def _f16_pair_words_asm(words: int) -> str:
+    """PTX (sm_89+) for ``words`` weight words (4 e4m3 each) against their activations, two f16
+    pairs a word: each 16-bit half of a word becomes an f16 pair with one cvt (exact), its
+    products and their running sum in the pair's lanes by fma.rn.f16x2, then the two lanes
+    added in fp32. $1..$words the words, then each word's two activation pairs; $0 the sum."""
+    lines = [".reg .b16 lo, hi;", ".reg .b32 w, acc;", ".reg .f32 a, b;"]
+    for word in range(words):
+        lines.append(f"mov.b32 {{lo, hi}}, ${word + 1};")
+        for half, src in enumerate(("lo", "hi")):
+            x = f"${words + 2 * word + half + 1}"
+            lines.append(f"cvt.rn.f16x2.e4m3x2 w, {src};")
+            lines.append(f"mul.rn.f16x2 acc, w, {x};" if word == half == 0
+                         else f"fma.rn.f16x2 acc, w, {x}, acc;")
+    lines += ["mov.b32 {lo, hi}, acc;", "cvt.f32.f16 a, lo;", "cvt.f32.f16 b, hi;",
+              "add.f32 $0, a, b;"]
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+_PAIR_ASM = {words: tl.constexpr(_f16_pair_words_asm(words)) for words in (1, 2, 4)}
+_ONE_WORD_ASM = _PAIR_ASM[1]
+_TWO_WORDS_ASM = _PAIR_ASM[2]
+_FOUR_WORDS_ASM = _PAIR_ASM[4]
+
+
+@triton.jit
+def _e4m3_value(byte):
+    """An e4m3 byte (int32 0..255) as its fp32 value, exactly: the interpreter's cvt."""
+    exp = ((byte >> 3) & 0xF).to(tl.int32)
+    mant = (byte & 7).to(tl.float32)
+    mag = tl.where(exp == 0, mant * 0.001953125,
+                   (mant + 8.0) * tl.exp2((exp - 10).to(tl.float32)))
+    return tl.where((byte & 0x80) != 0, -mag, mag)
+
+
+@triton.jit
+def _f16_lane(pair, HIGH: tl.constexpr):
+    """Lane 0 or 1 of an f16 pair (uint32) as fp32."""
+    bits = (pair >> 16) if HIGH else (pair & 0xFFFF)
+    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _word_sum_fp32(word, xa, xb):
+    """A word's four products with its two activation pairs, summed in fp32 (the interpreter
+    runs no PTX: the sum of the f16 pairs' arithmetic without its roundings)."""
+    return (_e4m3_value(word & 0xFF) * _f16_lane(xa, False)
+            + _e4m3_value((word >> 8) & 0xFF) * _f16_lane(xa, True)
+            + _e4m3_value((word >> 16) & 0xFF) * _f16_lane(xb, False)
+            + _e4m3_value((word >> 24) & 0xFF) * _f16_lane(xb, True))
+
+
+@triton.jit
+def _halves(v):
+    """The even and odd columns of a [A, 2C] tensor, [A, C] each."""
+    return tl.split(tl.reshape(v, (v.shape[0], v.shape[1] // 2, 2)))
+
+
+@triton.jit
+def _word_sums(words, xa, xb, PACKED: tl.constexpr, COMPILED: tl.constexpr):
+    """sum of the products over PACKED adjacent words, fp32 [BN, BW / PACKED]: words [BN, BW]
+    (uint32), xa and xb [1, BW] each word's activation pairs (``_quantized_pairs``)."""
+    if not COMPILED:
+        sums = _word_sum_fp32(words, xa, xb)
+        for _ in tl.static_range(PACKED // 2):
+            sums = tl.sum(tl.reshape(sums, (sums.shape[0], sums.shape[1] // 2, 2)), axis=2)
+    elif PACKED == 1:
+        sums = tl.inline_asm_elementwise(_ONE_WORD_ASM, "=f,r,r,r", [words, xa, xb],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    elif PACKED == 2:
+        w0, w1 = _halves(words)
+        a0, a1 = _halves(xa)
+        b0, b1 = _halves(xb)
+        sums = tl.inline_asm_elementwise(_TWO_WORDS_ASM, "=f,r,r,r,r,r,r",
+                                         [w0, w1, a0, b0, a1, b1], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        w0, w1 = _halves(words)
+        a0, a1 = _halves(xa)
+        b0, b1 = _halves(xb)
+        w00, w01 = _halves(w0)
+        w10, w11 = _halves(w1)
+        a00, a01 = _halves(a0)
+        a10, a11 = _halves(a1)
+        b00, b01 = _halves(b0)
+        b10, b11 = _halves(b1)
+        sums = tl.inline_asm_elementwise(_FOUR_WORDS_ASM, "=f,r,r,r,r,r,r,r,r,r,r,r,r",
+                                         [w00, w01, w10, w11, a00, b00, a01, b01, a10, b10,
+                                          a11, b11], dtype=tl.float32, is_pure=True, pack=1)
+    return sums
+
+
+@triton.jit
+def _quantized_lane(x, x_scale, x_inv):
+    """One activation lane (fp32) quantized to e4m3 as ``_products`` does, times PAIR_SCALE,
+    as f16 bits (exact: an e4m3 value scaled by a power of two)."""
+    q = tl.clamp(_divide(x, x_scale, x_inv), -FP8_MAX, FP8_MAX).to(tl.float8e4nv)
+    return (q.to(tl.float32) * PAIR_SCALE).to(tl.float16).to(tl.uint16, bitcast=True)
+
+
+@triton.jit
+def _quantized_pairs(xi, x_scale, x_inv, X_F16: tl.constexpr):
+    """Two 16-bit activations (an int32 of x) quantized, as one f16 pair (uint32)."""
+    xu = xi.to(tl.uint32, bitcast=True)
+    if X_F16:
+        lo = _f16_lane(xu, False)
+        hi = _f16_lane(xu, True)
+    else:          # bf16 -> fp32: the top half of an fp32
+        lo = (xu << 16).to(tl.float32, bitcast=True)
+        hi = (xu & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return (_quantized_lane(lo, x_scale, x_inv).to(tl.uint32)
+            | (_quantized_lane(hi, x_scale, x_inv).to(tl.uint32) << 16))
+
+
+@triton.jit
+def _packed_products(xp_ptr, wp_ptr, rows, N, K, k_start, k_end, x_scale, x_inv,
+                     GATED: tl.constexpr, PACKED: tl.constexpr, X_F16: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                     NUM_STAGES: tl.constexpr, COMPILED: tl.constexpr):
+    """One row's (gate, up) sums [BLOCK_N, BLOCK_K / 4 / PACKED] over K chunks [k_start,
+    k_end) in f16 pairs: wp the weight as int32 words (4 e4m3, K / 4 a row), xp the activations
+    as int32 pairs (K / 2). A word's activations (4w .. 4w + 3) are pairs 2w and 2w + 1,
+    quantized once a chunk and shared by every row the thread holds."""
+    BW: tl.constexpr = BLOCK_K // 4
+    offs_w = tl.arange(0, BW)
+    words_per_row = K // 4
+    w_gate = wp_ptr + rows[:, None] * words_per_row + offs_w[None, :]
+    w_up = wp_ptr + (rows + N)[:, None] * words_per_row + offs_w[None, :]
+    x_pairs = xp_ptr + 2 * offs_w[None, :]
+    acc = tl.zeros((BLOCK_N, BW // PACKED), dtype=tl.float32)
+    acc_up = tl.zeros_like(acc)
+    for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
+        kw = k // 4
+        if EVEN_K:
+            w = tl.load(w_gate + kw)
+            xa = tl.load(x_pairs + k // 2)
+            xb = tl.load(x_pairs + k // 2 + 1)
+            w2 = w
+            if GATED:
+                w2 = tl.load(w_up + kw)
+        else:       # words past K are zeros, and so are their products
+            w_mask = offs_w[None, :] < words_per_row - kw
+            w = tl.load(w_gate + kw, mask=w_mask, other=0)
+            xa = tl.load(x_pairs + k // 2, mask=w_mask, other=0)
+            xb = tl.load(x_pairs + k // 2 + 1, mask=w_mask, other=0)
+            w2 = w
+            if GATED:
+                w2 = tl.load(w_up + kw, mask=w_mask, other=0)
+        xa = _quantized_pairs(xa, x_scale, x_inv, X_F16)
+        xb = _quantized_pairs(xb, x_scale, x_inv, X_F16)
+        acc += _word_sums(w.to(tl.uint32, bitcast=True), xa, xb, PACKED, COMPILED)
+        if GATED:
+            acc_up += _word_sums(w2.to(tl.uint32, bitcast=True), xa, xb, PACKED, COMPILED)
+    return acc, acc_up
 
 
 @triton.jit
@@ -191,16 +380,22 @@ def _launch(x, weight, weight_scale, bias, n, gated, config, row_amax):
     cfg = config or select_config(m, n, k, gated)
     assert cfg.dot or m == 1, "the CUDA-core path computes one row; more need dot=True"
     assert row_amax is None or (row_amax.dtype == torch.float32 and row_amax.numel() == m)
+    if cfg.packed and (cfg.dot or k % 4):    # f16 pairs: one row, whole words
+        cfg = cfg._replace(packed=0)
+    assert cfg.packed in (0, *PACKED_WORDS) and cfg.block_k % (4 * max(cfg.packed, 1)) == 0
     y, tiles, partials, counts = launch_buffers(x, m, n, cfg, gated)
+    packed = cfg.packed > 0
     _fp8_gemv_kernel[(tiles, cfg.split_k)](
         x2, weight, weight_scale, bias if bias is not None else weight_scale, y, partials,
-        counts, row_amax if row_amax is not None else weight_scale, m, n, k,
-        HAS_AMAX=row_amax is not None, HAS_BIAS=bias is not None, GATED=gated, USE_DOT=cfg.dot,
+        counts, row_amax if row_amax is not None else weight_scale,
+        x2.view(torch.int32) if packed else x2, weight.view(torch.int32) if packed else weight,
+        m, n, k, HAS_AMAX=row_amax is not None, HAS_BIAS=bias is not None, GATED=gated,
+        USE_DOT=cfg.dot, PACKED=cfg.packed, X_F16=x.dtype == torch.float16,
         BLOCK_M=max(DOT_MIN_ROWS, next_power_of_2(m)) if cfg.dot else 1,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
         EVEN_K=k % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
-        AMAX_BLOCK=amax_block(k, cfg), num_warps=cfg.num_warps,
-        **pdl.launch_options(x.device))
+        AMAX_BLOCK=amax_block(k, cfg), COMPILED=os.environ.get("TRITON_INTERPRET") != "1",
+        num_warps=cfg.num_warps, **pdl.launch_options(x.device))
     return y.view(*x.shape[:-1], n)
 
 

@@ -61,7 +61,9 @@ class GemvConfig(NamedTuple):
     num_warps: int = 4
     num_stages: int = 3
     dot: bool = False     # tensor cores; required for more than one row
-    packed: int = 0       # W4A16, bf16 activations, CUDA cores: words a bf16-pair sum (1, 2)
+    # CUDA cores, one row: words a 16-bit pair sum; W4A16 with bf16 activations in bf16 pairs
+    # (1, 2), FP8 in f16 pairs (1, 2, 4)
+    packed: int = 0
 
 
 # (kind, rows bucket, N, K) -> config, for 16-bit weights. kind is "linear" or "gated" (N is

@@ -27,7 +27,7 @@ _scaled_mm with either quantization, and the two TUNED tables ready to paste. Ea
 kernel) sweep gets an equal share of what is left of --budget-s (default 170 s, compiles
 included): past 75% of its share it skips its second stage (warps x stages around the best
 tile), past 100% it stops (the configs it starts with are always timed: the default and the
-TUNED table's, and for W4A16 on CUDA cores the latter in bf16 pairs).
+TUNED table's, and on CUDA cores the latter in 16-bit pairs: W4A16's bf16, FP8's f16).
 """
 from __future__ import annotations
 
@@ -90,7 +90,8 @@ def fits(cfg, m: int, shape: Shape, kind: str) -> bool:
     FP8: one per weight and row) within ~64 registers, else spills."""
     if cfg.dot:
         return True
-    per_row = cfg.block_k // 8 if kind == "w4" else cfg.block_k
+    per_row = (cfg.block_k // 8 if kind == "w4" else
+               cfg.block_k // (4 * cfg.packed) if cfg.packed else cfg.block_k)
     live = cfg.block_n * per_row * m * (2 if shape.gated else 1)
     return live <= 64 * 32 * cfg.num_warps
 
@@ -119,6 +120,9 @@ def grid(kind: str, m: int, shape: Shape, smoke: bool):
     tiles = [(bn, bk, dot, 0) for bn, bk, dot in tiles]
     if kind == "w4" and m <= 2 and not smoke:
         tiles += [(bn, bk, False, words) for words in (1, 2) for bn, bk, dot, _ in tiles
+                  if not dot]
+    if kind == "fp8" and m == 1 and not smoke:   # FP8 in f16 pairs, two and four words a sum
+        tiles += [(bn, bk, False, words) for words in (2, 4) for bn, bk, dot, _ in tiles
                   if not dot]
     out = []
     for bn, bk, dot, packed in tiles:
@@ -250,8 +254,12 @@ class Bench:
                 if shape.gated:
                     return fp8_gemv.fp8_gated_gemv(x, w[0], w[1], cfg)
                 return fp8_gemv.fp8_gemv(x, w[0], w[1], bias, cfg)
+            tuned8 = fp8_gemv.select_config(m, shape.n, shape.k, shape.gated)
+            twins8 = [] if tuned8.dot or args.smoke else [tuned8._replace(packed=words)
+                                                          for words in fp8_gemv.PACKED_WORDS]
             timed = {} if m not in args.swept["fp8"] else self.sweep_kernel(
-                "fp8", [fp8_gemv.default_config(m, shape.n, shape.k)], f8_call, f8s,
+                "fp8", [fp8_gemv.default_config(m, shape.n, shape.k), tuned8, *twins8],
+                f8_call, f8s,
                 fp8_reference(x, *f8, bias, shape.gated), f8_bytes / 3e12, m, shape,
                 f"fp8 {shape.name} M={m}")
             rec["fp8_gemv"] = ranked(timed, f8_bytes)
