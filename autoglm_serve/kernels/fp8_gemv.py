@@ -29,7 +29,11 @@ workspaces):
   two e4m3 values is exact in f16, each partial sum rounds to 11 bits (as ``_scaled_mm``'s
   fast accumulation in prompts rounds its chunks): in the sm_90 SASS 2.2-2.9 instructions a
   weight against 4.0-4.5 (fp32 FMAs after two conversions a weight), 56-88 registers against
-  96-106 (scripts/quant_gemv_sass.py);
+  96-106 (scripts/quant_gemv_sass.py). On an H100, where these GEMVs stream 2.0-2.8 TB/s, that
+  took gate_up (with its own amax pass) from 42.9+ to 40.2 us, qkv from 9.7+ to 9.2, down and
+  o_proj not at all, and the engine's single stream nowhere (243.2 against 243.7 tok/s,
+  BENCHMARKS.md), so TUNED takes none yet; the H200's extra bandwidth leaves the
+  SMs less time a weight, where it may;
 - the fp32 result is scaled by x_scale * w_scale[n] before the split-K reduction (linear, so the
   partials may be scaled each), then bias or SiLU gating as in the bf16 GEMV.
 
