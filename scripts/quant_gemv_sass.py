@@ -1,7 +1,8 @@
 """Compiles the quantized decode GEMVs for sm_90 without a GPU and prints, per config, the
-registers, spills and the instructions of the main loop per weight a thread handles: a way to
-compare configs and kernel changes on a CPU-only machine (triton.compile with a GPUTarget, the
-ptxas and cuobjdump bundled with Triton).
+registers, spills, the instructions of the main loop per weight a thread handles and its
+synchronisations (barriers, wgmma waits, fences): a way to compare configs and kernel changes
+on a CPU-only machine (triton.compile with a GPUTarget, the ptxas and cuobjdump bundled with
+Triton).
 
     python3 scripts/quant_gemv_sass.py w4 1,64,128,2,0,0 w4s 1,64,128,2,0,0 fp8 1,16,512,1,0,0
 
@@ -111,7 +112,9 @@ def main():
         weights = bn * bk * (2 if gated else 1) / (32 * warps)     # per thread
         print(f"{kind} {spec}: {regs and regs.group(1)} registers, {spills and spills.group(1)} "
               f"bytes local, loop {sum(mix.values())} instructions = "
-              f"{sum(mix.values()) / weights:.1f} per weight; {mix.most_common(12)}", flush=True)
+              f"{sum(mix.values()) / weights:.1f} per weight; {mix.most_common(12)}; barriers "
+              f"{mix['BAR']}, warpgroup syncs {mix['WARPGROUP']}, memory fences {mix['MEMBAR']}",
+              flush=True)
 
 
 if __name__ == "__main__":

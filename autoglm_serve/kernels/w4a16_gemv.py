@@ -23,9 +23,9 @@ workspaces) with these changes:
   before, when the zero and scale took an fma per weight and the tile was laid out one row
   per thread);
 - CUDA cores (``dot=False``, any rows): products accumulated elementwise in fp32 and reduced
-  across K once at the end; ``dot=True`` (2..WIDE_MAX_ROWS rows): eight tensor-core products
-  per tile of the exact integers q - z in x's dtype (``_integer_weights``), scaled after them
-  when the tile lies in one group; the sweep picks;
+  across K once at the end; ``dot=True`` (2..WIDE_MAX_ROWS rows): one tensor-core product per
+  tile of the exact integers q - z in x's dtype (``_integer_weights``, the nibbles interleaved
+  back into K order), scaled after it when the tile lies in one group; the sweep picks;
 - ``packed=1`` or ``2`` (bf16 activations, CUDA cores): a word's nibbles k and k + 4 become
   one bf16 pair 128 + q with one LOP3, and the pair's products and sums run as bf16x2 fma's
   (``_packed_words_asm``) over 1 or 2 words, whose two lanes are then added in fp32 and
@@ -94,8 +94,8 @@ def default_config(m: int, n: int, k: int, group: int) -> GemvConfig:
     """Untuned: split-K up to ~256 programs. One row on CUDA cores in 128 x 128 tiles: a thread
     holds 4 words of 4 rows and shares its activations' sums across them (4.3 instructions per
     weight in the sm_90 SASS, gated 3.8; 64 x 128 takes 5.5, 256 x 128 3.7 but makes few
-    programs). More rows on tensor cores in 128 x 128 tiles (5.0 per weight, whatever the
-    rows; 64 x 128: 6.3)."""
+    programs). More rows on tensor cores in 128 x 128 tiles (4.4 per weight at 16 and 32 rows;
+    64 x 128: 5.0)."""
     block_n, block_k = 128, 128
     split_k = default_split_k(triton.cdiv(n, block_n), triton.cdiv(k, block_k), 4)
     return GemvConfig(block_n, block_k, split_k, num_warps=4, num_stages=3, dot=m > 1)
@@ -113,10 +113,14 @@ def select_config(m: int, n: int, k: int, group: int, gated: bool = False) -> Ge
 def _tile_dot(acc, p, sc, z, x_ptrs, x_mask, HAS_ZEROS: tl.constexpr,
               ONE_GROUP: tl.constexpr, COMPILED: tl.constexpr):
     """acc [BN, BM] += the tensor-core products of one tile: p the packed words [BN, BW], sc and
-    z its groups' scales and zeros (``_group_params``), x_ptrs [BM, BW] the activations of
-    nibble 0 of each word. The weights enter the MMA as the exact integers q - z in x's dtype
-    (``_integer_weights``); a tile inside one group is scaled once, after its MMAs, else each
-    weight is scaled first (one rounding, as dequantizing does)."""
+    z its groups' scales and zeros (``_group_params``), x_ptrs [BM, BK] the tile's activations
+    in K order. The weights enter the MMA as the exact integers q - z in x's dtype
+    (``_integer_weights``), the 8 nibbles of each word interleaved back into K order, so the
+    tile is one [BN, BK] x [BK, BM] product; a tile inside one group is scaled once, after it,
+    else each weight is scaled first (one rounding, as dequantizing does). (Eight products of
+    the nibble planes, [BN, BW] x [BW, BM] each, had cost each tile 8 trips of the weights
+    through shared memory, with a barrier and a wait on the wgmma each: 16-32 barriers a tile
+    in the sm_90 SASS against 3-5 now.)"""
     dtype: tl.constexpr = x_ptrs.dtype.element_ty
     if not HAS_ZEROS:
         z = 8.0
@@ -128,20 +132,40 @@ def _tile_dot(acc, p, sc, z, x_ptrs, x_mask, HAS_ZEROS: tl.constexpr,
         offset: tl.constexpr = 8388608.0
     zero = z + offset
     tile = tl.zeros_like(acc)
-    for j in tl.static_range(8):
-        w = _integer_weights(p, j, dtype)
-        if ONE_GROUP and COMPILED:     # small integers: exact in x's dtype (packed HADD2)
-            w = w - zero.to(dtype)
-        else:   # one rounding of the scaled weight; the interpreter's bf16 is raw integers
-            w = w.to(tl.float32) - zero
-            if not ONE_GROUP:
-                w = w * sc
-            w = w.to(dtype)
-        x = tl.load(x_ptrs + j, mask=x_mask, other=0.0)
-        tile = tl.dot(w, tl.trans(x), tile, input_precision="ieee")
+    n0 = _nibble_weights(p, 0, zero, sc, dtype, ONE_GROUP, COMPILED)
+    n1 = _nibble_weights(p, 1, zero, sc, dtype, ONE_GROUP, COMPILED)
+    n2 = _nibble_weights(p, 2, zero, sc, dtype, ONE_GROUP, COMPILED)
+    n3 = _nibble_weights(p, 3, zero, sc, dtype, ONE_GROUP, COMPILED)
+    n4 = _nibble_weights(p, 4, zero, sc, dtype, ONE_GROUP, COMPILED)
+    n5 = _nibble_weights(p, 5, zero, sc, dtype, ONE_GROUP, COMPILED)
+    n6 = _nibble_weights(p, 6, zero, sc, dtype, ONE_GROUP, COMPILED)
+    n7 = _nibble_weights(p, 7, zero, sc, dtype, ONE_GROUP, COMPILED)
+    # each join adds a minor axis: the innermost pairs nibbles 4 apart, the outermost adjacent
+    # ones, so the [BN, BW, 2, 2, 2] tile read in order is nibble j of word w at 8w + j
+    w = tl.join(tl.join(tl.join(n0, n4), tl.join(n2, n6)),
+                tl.join(tl.join(n1, n5), tl.join(n3, n7)))
+    w = tl.reshape(w, (w.shape[0], w.shape[1] * 8))
+    x = tl.load(x_ptrs, mask=x_mask, other=0.0)
+    tile = tl.dot(w, tl.trans(x), tile, input_precision="ieee")
     if ONE_GROUP:
         return tl.fma(tile, sc, acc)
     return acc + tile
+
+
+@triton.jit
+def _nibble_weights(p, J: tl.constexpr, zero, sc, dtype: tl.constexpr, ONE_GROUP: tl.constexpr,
+                    COMPILED: tl.constexpr):
+    """Nibble J of each word as the MMA's weight in x's dtype: q - z, or (q - z) * scale
+    where the tile spans several groups."""
+    w = _integer_weights(p, J, dtype)
+    if ONE_GROUP and COMPILED:     # small integers: exact in x's dtype (packed HADD2)
+        w = w - zero.to(dtype)
+    else:   # one rounding of the scaled weight; the interpreter's bf16 is raw integers
+        w = w.to(tl.float32) - zero
+        if not ONE_GROUP:
+            w = w * sc
+        w = w.to(dtype)
+    return w
 
 
 @triton.jit
@@ -423,7 +447,7 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
     Tiles are BLOCK_K / 8 packed words of each row; nibble j of word w meets x[:, 8w + j]. On
     CUDA cores everything is 3-D, [BLOCK_N, BLOCK_M, BLOCK_K / 8], loaded in that shape so the
     broadcasts need no layout conversion, and the K axis is reduced once after the loop; with
-    tl.dot, eight [BLOCK_N, BLOCK_K / 8] x [BLOCK_K / 8, BLOCK_M] products per tile."""
+    tl.dot, one [BLOCK_N, BLOCK_K] x [BLOCK_K, BLOCK_M] product per tile."""
     BW: tl.constexpr = BLOCK_K // 8
     ONE_GROUP: tl.constexpr = GROUP % BLOCK_K == 0
     pid_n = tl.program_id(0)
@@ -447,9 +471,13 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
     q_gate = qw_ptr + r * words + wo
     q_up = qw_ptr + (r + N) * words + wo
     m_mask = offs_m[:, None] < M
-    # x[m, 8w] as [BLOCK_M, BW]: loaded once per thread and word, whatever the number of rows a
-    # thread holds (broadcast as [None, :, :] on CUDA cores). X_PAIRS: x is int32 pairs there
-    x_base = x_ptr + offs_m[:, None] * x_stride + (offs_w * (4 if X_PAIRS else 8))[None, :]
+    if USE_DOT:      # x [BLOCK_M, BLOCK_K] in K order
+        offs_k = tl.arange(0, BLOCK_K)
+        x_base = x_ptr + offs_m[:, None] * x_stride + offs_k[None, :]
+    else:
+        # x[m, 8w] as [BLOCK_M, BW]: loaded once per thread and word, whatever the number of
+        # rows a thread holds (broadcast as [None, :, :]). X_PAIRS: x is int32 pairs
+        x_base = x_ptr + offs_m[:, None] * x_stride + (offs_w * (4 if X_PAIRS else 8))[None, :]
 
     k_start, k_end = split_k_range(pid_k, K, BLOCK_K, SPLIT_K)
     # Scales and zeros are loaded a tile ahead of their use: in the loop body their load
@@ -478,7 +506,10 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
             x_mask = m_mask
             p = tl.load(q_gate + k // 8)
         else:
-            x_mask = m_mask & (offs_w < words - k // 8)[None, :]
+            if USE_DOT:
+                x_mask = m_mask & (offs_k < K - k)[None, :]
+            else:
+                x_mask = m_mask & (offs_w < words - k // 8)[None, :]
             p = tl.load(q_gate + k // 8, mask=w_mask, other=0)
         x_tile = x_base + (k // 2 if X_PAIRS else k)
         if USE_DOT:
