@@ -209,10 +209,9 @@ def _f16_pair_words_asm(words: int) -> str:
     return "{\n" + "\n".join(lines) + "\n}"
 
 
-_PAIR_ASM = {words: tl.constexpr(_f16_pair_words_asm(words)) for words in (1, 2, 4)}
-_ONE_WORD_ASM = _PAIR_ASM[1]
-_TWO_WORDS_ASM = _PAIR_ASM[2]
-_FOUR_WORDS_ASM = _PAIR_ASM[4]
+_ONE_WORD_ASM = tl.constexpr(_f16_pair_words_asm(1))
+_TWO_WORDS_ASM = tl.constexpr(_f16_pair_words_asm(2))
+_FOUR_WORDS_ASM = tl.constexpr(_f16_pair_words_asm(4))
 
 
 @triton.jit
