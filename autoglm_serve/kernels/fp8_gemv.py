@@ -52,10 +52,10 @@ import triton.language as tl
 
 from autoglm_serve.kernels import next_power_of_2, pdl
 from autoglm_serve.kernels.fp8_rows import FP8_MAX, row_scale
-from autoglm_serve.kernels.gemv import (GemvConfig, as_rows, default_split_k, finish_split_k,
-                                        launch_buffers, load_k_tile, reduce_accumulators,
-                                        row_tiles, rows_bucket, split_k_range,
-                                        zero_accumulators)
+from autoglm_serve.kernels.gemv import (GemvConfig, as_rows, bf16_lanes, default_split_k,
+                                        finish_split_k, halves, launch_buffers, load_k_tile,
+                                        reduce_accumulators, row_tiles, rows_bucket,
+                                        split_k_range, zero_accumulators)
 from autoglm_serve.kernels.pdl import let_dependents_launch, wait_for_previous_grid
 
 ENABLED = True
@@ -242,12 +242,6 @@ def _word_sum_fp32(word, xa, xb):
 
 
 @triton.jit
-def _halves(v):
-    """The even and odd columns of a [A, 2C] tensor, [A, C] each."""
-    return tl.split(tl.reshape(v, (v.shape[0], v.shape[1] // 2, 2)))
-
-
-@triton.jit
 def _word_sums(words, xa, xb, PACKED: tl.constexpr, COMPILED: tl.constexpr):
     """sum of the products over PACKED adjacent words, fp32 [BN, BW / PACKED]: words [BN, BW]
     (uint32), xa and xb [1, BW] each word's activation pairs (``_quantized_pairs``)."""
@@ -259,22 +253,22 @@ def _word_sums(words, xa, xb, PACKED: tl.constexpr, COMPILED: tl.constexpr):
         sums = tl.inline_asm_elementwise(_ONE_WORD_ASM, "=f,r,r,r", [words, xa, xb],
                                          dtype=tl.float32, is_pure=True, pack=1)
     elif PACKED == 2:
-        w0, w1 = _halves(words)
-        a0, a1 = _halves(xa)
-        b0, b1 = _halves(xb)
+        w0, w1 = halves(words)
+        a0, a1 = halves(xa)
+        b0, b1 = halves(xb)
         sums = tl.inline_asm_elementwise(_TWO_WORDS_ASM, "=f,r,r,r,r,r,r",
                                          [w0, w1, a0, b0, a1, b1], dtype=tl.float32,
                                          is_pure=True, pack=1)
     else:
-        w0, w1 = _halves(words)
-        a0, a1 = _halves(xa)
-        b0, b1 = _halves(xb)
-        w00, w01 = _halves(w0)
-        w10, w11 = _halves(w1)
-        a00, a01 = _halves(a0)
-        a10, a11 = _halves(a1)
-        b00, b01 = _halves(b0)
-        b10, b11 = _halves(b1)
+        w0, w1 = halves(words)
+        a0, a1 = halves(xa)
+        b0, b1 = halves(xb)
+        w00, w01 = halves(w0)
+        w10, w11 = halves(w1)
+        a00, a01 = halves(a0)
+        a10, a11 = halves(a1)
+        b00, b01 = halves(b0)
+        b10, b11 = halves(b1)
         sums = tl.inline_asm_elementwise(_FOUR_WORDS_ASM, "=f,r,r,r,r,r,r,r,r,r,r,r,r",
                                          [w00, w01, w10, w11, a00, b00, a01, b01, a10, b10,
                                           a11, b11], dtype=tl.float32, is_pure=True, pack=1)
@@ -296,9 +290,8 @@ def _quantized_pairs(xi, x_scale, x_inv, X_F16: tl.constexpr):
     if X_F16:
         lo = _f16_lane(xu, False)
         hi = _f16_lane(xu, True)
-    else:          # bf16 -> fp32: the top half of an fp32
-        lo = (xu << 16).to(tl.float32, bitcast=True)
-        hi = (xu & 0xFFFF0000).to(tl.float32, bitcast=True)
+    else:
+        lo, hi = bf16_lanes(xu)
     return (_quantized_lane(lo, x_scale, x_inv).to(tl.uint32)
             | (_quantized_lane(hi, x_scale, x_inv).to(tl.uint32) << 16))
 

@@ -194,6 +194,26 @@ def reduce_accumulators(acc, acc_up, USE_DOT: tl.constexpr):
 
 
 @triton.jit
+def bf16_lanes(v):
+    """The low and high bf16 of each uint32 as fp32 (exact: a bf16 is an fp32's top half).
+    Shared by the quantized GEMVs' 16-bit pair paths."""
+    lo = (v << 16).to(tl.float32, bitcast=True)
+    hi = (v & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return lo, hi
+
+
+@triton.jit
+def halves(v):
+    """The even and odd entries along the last axis of a 2-D or 3-D tensor, each half as wide.
+    Shared by the quantized GEMVs' paths that sum adjacent words."""
+    if len(v.shape) == 2:
+        out = tl.split(tl.reshape(v, (v.shape[0], v.shape[1] // 2, 2)))
+    else:
+        out = tl.split(tl.reshape(v, (v.shape[0], v.shape[1], v.shape[2] // 2, 2)))
+    return out
+
+
+@triton.jit
 def split_k_range(pid_k, K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     """[k_start, k_end) of program pid_k: the s-th of SPLIT_K runs of equally many K chunks.
     Shared by the quantized GEMVs."""

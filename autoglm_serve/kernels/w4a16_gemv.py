@@ -48,8 +48,9 @@ import triton
 import triton.language as tl
 
 from autoglm_serve.kernels import next_power_of_2, pdl
-from autoglm_serve.kernels.gemv import (GemvConfig, as_rows, default_split_k, finish_split_k,
-                                        launch_buffers, rows_bucket, split_k_range)
+from autoglm_serve.kernels.gemv import (GemvConfig, as_rows, bf16_lanes, default_split_k,
+                                        finish_split_k, halves, launch_buffers, rows_bucket,
+                                        split_k_range)
 from autoglm_serve.kernels.pdl import let_dependents_launch, wait_for_previous_grid
 
 ENABLED = True
@@ -226,19 +227,11 @@ def _x_values(x_ptrs, x_mask, X_PAIRS: tl.constexpr):
 
 
 @triton.jit
-def _bf16_lanes(v):
-    """The low and high bf16 of each uint32 as fp32 (exact: a bf16 is an fp32's top half)."""
-    lo = (v << 16).to(tl.float32, bitcast=True)
-    hi = (v & 0xFFFF0000).to(tl.float32, bitcast=True)
-    return lo, hi
-
-
-@triton.jit
 def _x_pair(x_ptrs, x_mask, I: tl.constexpr, X_PAIRS: tl.constexpr):
     """Activations 2I and 2I + 1 of each word from one int32 load (X_PAIRS 1: bf16, 2: fp16)."""
     xi = tl.load(x_ptrs + I, mask=x_mask, other=0)
     if X_PAIRS == 1:
-        lo, hi = _bf16_lanes(xi.to(tl.uint32, bitcast=True))
+        lo, hi = bf16_lanes(xi.to(tl.uint32, bitcast=True))
     else:
         lo = xi.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
         hi = (xi >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
@@ -338,7 +331,7 @@ def _x_packed_pairs(x_ptrs, x_mask):
 @triton.jit
 def _pair_sum(pw, x_pair, nz, K: tl.constexpr):
     """(q_k - z) x_k + (q_k+4 - z) x_k+4 in fp32 (the interpreter's ``_packed_sums``)."""
-    x_lo, x_hi = _bf16_lanes(x_pair)
+    x_lo, x_hi = bf16_lanes(x_pair)
     q_lo = ((pw >> (4 * K)) & 0xF).to(tl.float32)
     q_hi = ((pw >> (4 * K + 16)) & 0xF).to(tl.float32)
     return (q_lo + 128.0 + nz) * x_lo + (q_hi + 128.0 + nz) * x_hi
@@ -347,15 +340,9 @@ def _pair_sum(pw, x_pair, nz, K: tl.constexpr):
 @triton.jit
 def _word_sums_fp32(pw, xa, xb, xc, xd, nz2):
     """sum_j (q_j - z) x_j of each word in fp32: the interpreter, which runs no PTX."""
-    nz, _ = _bf16_lanes(nz2)            # -(128 + z)
+    nz, _ = bf16_lanes(nz2)            # -(128 + z)
     return (_pair_sum(pw, xa, nz, 0) + _pair_sum(pw, xb, nz, 1) + _pair_sum(pw, xc, nz, 2)
             + _pair_sum(pw, xd, nz, 3))
-
-
-@triton.jit
-def _halves(v):
-    """The even and odd entries along the last axis of a [A, B, 2C] tensor, [A, B, C] each."""
-    return tl.split(tl.reshape(v, (v.shape[0], v.shape[1], v.shape[2] // 2, 2)))
 
 
 @triton.jit
@@ -374,11 +361,11 @@ def _packed_sums(p, xp, nz2, WORDS: tl.constexpr, COMPILED: tl.constexpr):
         else:
             return _word_sums_fp32(pw, xa, xb, xc, xd, nz2)
     else:       # two adjacent words of a row share one sum (they share a group)
-        p0, p1 = _halves(pw)
-        a0, a1 = _halves(xa)
-        b0, b1 = _halves(xb)
-        c0, c1 = _halves(xc)
-        d0, d1 = _halves(xd)
+        p0, p1 = halves(pw)
+        a0, a1 = halves(xa)
+        b0, b1 = halves(xb)
+        c0, c1 = halves(xc)
+        d0, d1 = halves(xd)
         if COMPILED:
             sums = tl.inline_asm_elementwise(_TWO_WORDS_ASM, "=r,r,r,r,r,r,r,r,r,r,r,r",
                                              [p0, p1, a0, b0, c0, d0, a1, b1, c1, d1, nz2],
@@ -386,7 +373,7 @@ def _packed_sums(p, xp, nz2, WORDS: tl.constexpr, COMPILED: tl.constexpr):
         else:
             return (_word_sums_fp32(p0, a0, b0, c0, d0, nz2)
                     + _word_sums_fp32(p1, a1, b1, c1, d1, nz2))
-    lo, hi = _bf16_lanes(sums)
+    lo, hi = bf16_lanes(sums)
     return lo + hi
 
 
@@ -398,8 +385,8 @@ def _tile_packed(acc, p, sc, z, xp, HAS_ZEROS: tl.constexpr, WORDS: tl.constexpr
     scale. p the packed words [BN, 1, BW], sc and z the groups' scales and zeros
     (``_group_params``: one a row, or one a word with WORDS 1), xp ``_x_packed_pairs``."""
     if WORDS == 2 and sc.shape[2] > 1:     # a scale (and zero) a word: one per two words
-        sc = _halves(sc)[0]
-        z = _halves(z)[0]
+        sc = halves(sc)[0]
+        z = halves(z)[0]
     if HAS_ZEROS:      # -(128 + z), exact in bf16, in both lanes
         nz = (-(z + 128.0)).to(tl.bfloat16).to(tl.uint16, bitcast=True).to(tl.uint32)
         nz2 = nz | (nz << 16)
