@@ -403,7 +403,9 @@ def test_compiled_gemvs_at_the_model_shapes(dtype):
             want8 = fp8_reference(x, w, ws, gated=gated)
             w4_configs = [None, Config(128, 128, 2, dot=True)]
             if m > w4a16_gemv.MAX_ROWS:     # decode batches of 32-64 (where TUNED takes them)
-                w4_configs = [Config(64, 128, 2, dot=True), Config(32, 128, 4, dot=True)]
+                tuned = w4a16_gemv.TUNED.get(w4a16_gemv._tuned_key(m, n, k, 128, gated))
+                w4_configs = [Config(64, 128, 2, dot=True), Config(32, 128, 4, dot=True)] + \
+                    ([tuned] if tuned else [])
             if m <= 2:
                 w4_configs += [Config(256, 128, 2, dot=False), Config(256, 128, 2, packed=1),
                                Config(256, 128, 2, packed=2)]
