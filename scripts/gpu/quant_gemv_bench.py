@@ -6,8 +6,9 @@ replace, on one GPU, at AutoGLM-Phone-9B's decode shapes.
     python3 scripts/gpu/quant_gemv_bench.py --smoke     # CPU, Triton interpreter, tiny shapes
 
 For each linear (qkv 4608x4096 + bias, o_proj 4096x4096, gate_up 27392x4096 + SiLU-and-mul,
-down 4096x13696) and M in 1, 2, 4, 8, 16 (--ms; the FP8 GEMV: up to 8, the W4A16 one up to 64,
-where above 16 rows its peer is the engine's path there, the weight dequantized for cuBLAS):
+down 4096x13696) and M in 1, 2, 4, 8, 16, 32, 64 (--ms; the FP8 GEMV: up to 8, the W4A16 one
+up to 64, where above 16 rows its peer is the engine's path there, the weight dequantized for
+cuBLAS):
 
 - bf16: cuBLAS (F.linear, + the SiLU kernel for gate_up) and the engine's bf16 GEMV (gemv.py
   with its TUNED table, gated for gate_up);
@@ -523,8 +524,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes")
     ap.add_argument("--out", default="quant_gemv_bench.json")
-    ap.add_argument("--ms", default="1,2,4,8,16",
-                    help="rows; the FP8 GEMV takes up to 8, the W4A16 one up to 64")
+    ap.add_argument("--ms", default="1,2,4,8,16,32,64",
+                    help="rows; the FP8 GEMV takes up to 8, the W4A16 one up to 64 (TUNED has "
+                         "32-row entries)")
     ap.add_argument("--large-ms", default="256,2048")
     ap.add_argument("--shapes", default=",".join(s.name for s in SHAPES))
     ap.add_argument("--budget-s", type=float, default=170.0)
