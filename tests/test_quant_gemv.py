@@ -375,15 +375,18 @@ def test_layers_take_the_gemvs_for_a_few_rows_only(monkeypatch):
     assert rel(fp8.fp8_linear(x1, w, ws, None), fp8_reference(x1, w, ws)) < 1e-2
 
 
-def test_w4a16_gemv_reads_an_odd_offset_view_of_16_bit_activations():
-    """CUDA cores read 16-bit x as int32 pairs: a row view starting at an odd element (no
-    int32 view of it) is copied first, not misread."""
+def test_gemvs_read_an_odd_offset_view_of_16_bit_activations():
+    """The CUDA-core W4A16 path and the FP8 f16-pair path read 16-bit x as int32 pairs: a row
+    view starting at an odd element (no int32 view of it) is copied first, not misread."""
     g = gen()
     qw, s, z = random_w4(37, 256, 64, True, torch.bfloat16, DEVICE, g)
     x = torch.randn(257, generator=g).to(DEVICE, torch.bfloat16)[1:].view(1, 256)
     assert x.storage_offset() == 1 and x.is_contiguous()
     out = w4a16_gemv.w4a16_gemv(x, qw, s, z, 64, None, Config(32, 128, 1))
     assert rel(out, w4a16_reference(x, qw, s, z, 64)) < 1e-2
+    w, ws = random_fp8(37, 256, DEVICE, g)
+    out = fp8_gemv.fp8_gemv(x, w, ws, None, Config(8, 128, 1, packed=2))
+    assert rel(out, fp8_reference(x, w, ws)) < 5e-3
 
 
 @pytest.mark.gpu

@@ -52,10 +52,11 @@ import triton.language as tl
 
 from autoglm_serve.kernels import next_power_of_2, pdl
 from autoglm_serve.kernels.fp8_rows import FP8_MAX, row_scale
-from autoglm_serve.kernels.gemv import (GemvConfig, as_rows, bf16_lanes, default_split_k,
-                                        finish_split_k, halves, launch_buffers, load_k_tile,
-                                        reduce_accumulators, row_tiles, rows_bucket,
-                                        split_k_range, zero_accumulators)
+from autoglm_serve.kernels.gemv import (GemvConfig, as_int32_pairs, as_rows, bf16_lanes,
+                                        default_split_k, f16_lanes, finish_split_k, halves,
+                                        launch_buffers, load_k_tile, reduce_accumulators,
+                                        row_tiles, rows_bucket, split_k_range,
+                                        zero_accumulators)
 from autoglm_serve.kernels.pdl import let_dependents_launch, wait_for_previous_grid
 
 ENABLED = True
@@ -225,20 +226,13 @@ def _e4m3_value(byte):
 
 
 @triton.jit
-def _f16_lane(pair, HIGH: tl.constexpr):
-    """Lane 0 or 1 of an f16 pair (uint32) as fp32."""
-    bits = (pair >> 16) if HIGH else (pair & 0xFFFF)
-    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
 def _word_sum_fp32(word, xa, xb):
     """A word's four products with its two activation pairs, summed in fp32 (the interpreter
     runs no PTX: the sum of the f16 pairs' arithmetic without its roundings)."""
-    return (_e4m3_value(word & 0xFF) * _f16_lane(xa, False)
-            + _e4m3_value((word >> 8) & 0xFF) * _f16_lane(xa, True)
-            + _e4m3_value((word >> 16) & 0xFF) * _f16_lane(xb, False)
-            + _e4m3_value((word >> 24) & 0xFF) * _f16_lane(xb, True))
+    a0, a1 = f16_lanes(xa)
+    b0, b1 = f16_lanes(xb)
+    return (_e4m3_value(word & 0xFF) * a0 + _e4m3_value((word >> 8) & 0xFF) * a1
+            + _e4m3_value((word >> 16) & 0xFF) * b0 + _e4m3_value((word >> 24) & 0xFF) * b1)
 
 
 @triton.jit
@@ -288,8 +282,7 @@ def _quantized_pairs(xi, x_scale, x_inv, X_F16: tl.constexpr):
     """Two 16-bit activations (an int32 of x) quantized, as one f16 pair (uint32)."""
     xu = xi.to(tl.uint32, bitcast=True)
     if X_F16:
-        lo = _f16_lane(xu, False)
-        hi = _f16_lane(xu, True)
+        lo, hi = f16_lanes(xu)
     else:
         lo, hi = bf16_lanes(xu)
     return (_quantized_lane(lo, x_scale, x_inv).to(tl.uint32)
@@ -384,7 +377,7 @@ def _launch(x, weight, weight_scale, bias, n, gated, config, row_amax):
     _fp8_gemv_kernel[(tiles, cfg.split_k)](
         x2, weight, weight_scale, bias if bias is not None else weight_scale, y, partials,
         counts, row_amax if row_amax is not None else weight_scale,
-        x2.view(torch.int32) if packed else x2, weight.view(torch.int32) if packed else weight,
+        as_int32_pairs(x2) if packed else x2, weight.view(torch.int32) if packed else weight,
         m, n, k, HAS_AMAX=row_amax is not None, HAS_BIAS=bias is not None, GATED=gated,
         USE_DOT=cfg.dot, PACKED=cfg.packed, X_F16=x.dtype == torch.float16,
         BLOCK_M=max(DOT_MIN_ROWS, next_power_of_2(m)) if cfg.dot else 1,

@@ -203,6 +203,14 @@ def bf16_lanes(v):
 
 
 @triton.jit
+def f16_lanes(v):
+    """The low and high f16 of each uint32 as fp32. Shared as ``bf16_lanes``."""
+    lo = (v & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    hi = (v >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
 def halves(v):
     """The even and odd entries along the last axis of a 2-D or 3-D tensor, each half as wide.
     Shared by the quantized GEMVs' paths that sum adjacent words."""
@@ -336,6 +344,14 @@ def as_rows(x: torch.Tensor, k: int, max_rows: int) -> torch.Tensor:
     m = x2.shape[0]
     assert 1 <= m <= max_rows, f"{m} rows: the GEMV handles 1..{max_rows}"
     return x2
+
+
+def as_int32_pairs(x2: torch.Tensor) -> torch.Tensor:
+    """Contiguous 16-bit rows [M, K] as int32 pairs [M, K / 2], for the GEMVs' 16-bit pair
+    paths; a view at an odd element (no int32 view of it) is copied first."""
+    if x2.storage_offset() % 2:
+        x2 = x2.clone()
+    return x2.view(torch.int32)
 
 
 def launch_buffers(x: torch.Tensor, m: int, n: int, cfg: GemvConfig, gated: bool,

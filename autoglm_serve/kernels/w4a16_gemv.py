@@ -48,9 +48,9 @@ import triton
 import triton.language as tl
 
 from autoglm_serve.kernels import next_power_of_2, pdl
-from autoglm_serve.kernels.gemv import (GemvConfig, as_rows, bf16_lanes, default_split_k,
-                                        finish_split_k, halves, launch_buffers, rows_bucket,
-                                        split_k_range)
+from autoglm_serve.kernels.gemv import (GemvConfig, as_int32_pairs, as_rows, bf16_lanes,
+                                        default_split_k, f16_lanes, finish_split_k, halves,
+                                        launch_buffers, rows_bucket, split_k_range)
 from autoglm_serve.kernels.pdl import let_dependents_launch, wait_for_previous_grid
 
 ENABLED = True
@@ -239,12 +239,11 @@ def _x_values(x_ptrs, x_mask, X_PAIRS: tl.constexpr):
 @triton.jit
 def _x_pair(x_ptrs, x_mask, I: tl.constexpr, X_PAIRS: tl.constexpr):
     """Activations 2I and 2I + 1 of each word from one int32 load (X_PAIRS 1: bf16, 2: fp16)."""
-    xi = tl.load(x_ptrs + I, mask=x_mask, other=0)
+    xu = tl.load(x_ptrs + I, mask=x_mask, other=0).to(tl.uint32, bitcast=True)
     if X_PAIRS == 1:
-        lo, hi = bf16_lanes(xi.to(tl.uint32, bitcast=True))
+        lo, hi = bf16_lanes(xu)
     else:
-        lo = xi.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        hi = (xi >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        lo, hi = f16_lanes(xu)
     return lo, hi
 
 
@@ -584,10 +583,8 @@ def _launch(x, qweight, scales, zeros, group, bias, n, gated, config):
     pairs = 0 if cfg.dot or x.dtype == torch.float32 else (1 if x.dtype == torch.bfloat16 else 2)
     packed = int(cfg.packed) if pairs == 1 else 0
     assert packed in (0, 1, 2) and (packed < 2 or group % 16 == 0 and cfg.block_k >= 32)
-    if pairs and x2.storage_offset() % 2:    # a view at an odd element: no int32 view of it
-        x2 = x2.clone()
     _w4a16_gemv_kernel[(tiles, cfg.split_k)](
-        x2.view(torch.int32) if pairs else x2, qweight, scales,
+        as_int32_pairs(x2) if pairs else x2, qweight, scales,
         zeros if zeros is not None else scales, bias if bias is not None else scales, y,
         partials, counts, m, n, k, k // 2 if pairs else k, k // 8, k // group, EVEN_EXP,
         ODD_EXP,
