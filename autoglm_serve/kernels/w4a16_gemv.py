@@ -70,9 +70,9 @@ ODD_EXP = 0x41800000
 # 2026-12-03, and with the scales prefetched a sweep of tiles, warps and stages, 2026-12-04;
 # comments: this config, the fallback). The entries marked H100: quant_gemv_bench.py on an
 # H100, 2026-12-06; those with a last field of 2 sum two words a bf16 pair
-# (``GemvConfig.packed``), which beat the fp32 CUDA-core sums there by 2-10%; those at 4-32
+# (``GemvConfig.packed``), which beat the fp32 CUDA-core sums there by 2-10%; those at 4-64
 # rows take one tensor-core product a tile (comments: the eight products a tile before it,
-# then the path it replaces: at 32 rows dequantize + cuBLAS, 2-3x slower).
+# then the path it replaces: at 32 and 64 rows dequantize + cuBLAS, 1.3-2.4x slower).
 TUNED: dict[tuple[str, int, int, int, int], GemvConfig | None] = {
     ('gated', 1, 13696, 4096, 128): GemvConfig(64, 128, 4, 4, 2, False, 2),  # H100: 30.9 us (CUDA-core sums 33.9), GEMM kernel 225.7
     ('gated', 2, 13696, 4096, 128): GemvConfig(128, 128, 8, 4, 3, False, 2),  # H100: 35.0 us (one word a sum 37.3), GEMM kernel 214.0
@@ -80,24 +80,28 @@ TUNED: dict[tuple[str, int, int, int, int], GemvConfig | None] = {
     ('gated', 8, 13696, 4096, 128): GemvConfig(64, 128, 4, 4, 2, True),  # H100: 52.1 us (eight products a tile 75.6), GEMM kernel 211.8
     ('gated', 16, 13696, 4096, 128): GemvConfig(64, 128, 4, 4, 2, True),  # H100: 52.5 us (eight products a tile 95.6), GEMM kernel 224.2
     ('gated', 32, 13696, 4096, 128): GemvConfig(64, 128, 4, 4, 2, True),  # H100: 66.7 us (eight products a tile 149.6), dequantize + cuBLAS 192.2
+    ('gated', 64, 13696, 4096, 128): GemvConfig(64, 128, 1, 4, 3, True),  # H100: 79.9 us, dequantize + cuBLAS 194.2
     ('linear', 1, 4096, 13696, 128): GemvConfig(256, 128, 16, 4, 2, False),  # 15.0 us (before the prefetch 17.6), GEMM kernel 114.2
     ('linear', 2, 4096, 13696, 128): GemvConfig(128, 128, 8, 4, 2, False, 2),  # H100: 20.2 us (CUDA-core sums 20.8)
     ('linear', 4, 4096, 13696, 128): GemvConfig(64, 128, 8, 4, 3, True),  # H100: 30.2 us (eight products a tile 40.6), GEMM kernel 108.4
     ('linear', 8, 4096, 13696, 128): GemvConfig(64, 128, 8, 4, 3, True),  # H100: 29.8 us (eight products a tile 44.5), GEMM kernel 107.4
     ('linear', 16, 4096, 13696, 128): GemvConfig(64, 128, 8, 4, 3, True),  # H100: 30.5 us (eight products a tile 53.4), GEMM kernel 110.8
     ('linear', 32, 4096, 13696, 128): GemvConfig(64, 128, 4, 4, 3, True),  # H100: 38.6 us (eight products a tile 102.1), dequantize + cuBLAS 101.2
+    ('linear', 64, 4096, 13696, 128): GemvConfig(64, 128, 4, 4, 2, True),  # H100: 43.8 us, dequantize + cuBLAS 101.8
     ('linear', 1, 4608, 4096, 128): GemvConfig(128, 128, 8, 4, 3, False, 2),  # H100: 7.7 us (CUDA-core sums 8.0), GEMM kernel 57.8
     ('linear', 2, 4608, 4096, 128): GemvConfig(128, 128, 8, 4, 2, False, 2),  # H100: 9.2 us (one word a sum 9.4)
     ('linear', 4, 4608, 4096, 128): GemvConfig(64, 128, 8, 4, 2, True),  # H100: 12.4 us (eight products a tile 16.0), GEMM kernel 56.4
     ('linear', 8, 4608, 4096, 128): GemvConfig(64, 128, 8, 4, 3, True),  # H100: 12.5 us (eight products a tile 17.4), GEMM kernel 56.2
     ('linear', 16, 4608, 4096, 128): GemvConfig(64, 128, 8, 4, 2, True),  # H100: 12.9 us (eight products a tile 22.2), GEMM kernel 60.0
     ('linear', 32, 4608, 4096, 128): GemvConfig(64, 128, 4, 4, 3, True),  # H100: 16.2 us (eight products a tile 49.8), dequantize + cuBLAS 31.5
+    ('linear', 64, 4608, 4096, 128): GemvConfig(64, 128, 4, 4, 2, True),  # H100: 20.1 us, dequantize + cuBLAS 32.0
     ('linear', 1, 4096, 4096, 128): GemvConfig(128, 128, 16, 4, 2, False),  # 6.6 us (before the prefetch 7.1), GEMM kernel 35.7
     ('linear', 2, 4096, 4096, 128): GemvConfig(128, 128, 8, 4, 2, False),  # H100: 8.5 us (tensor cores 13.1)
     ('linear', 4, 4096, 4096, 128): GemvConfig(64, 128, 8, 4, 2, True),  # H100: 10.8 us (eight products a tile 13.2), GEMM kernel 35.6
     ('linear', 8, 4096, 4096, 128): GemvConfig(64, 128, 8, 4, 2, True),  # H100: 10.9 us (eight products a tile 14.2), GEMM kernel 35.4
     ('linear', 16, 4096, 4096, 128): GemvConfig(64, 128, 8, 4, 2, True),  # H100: 11.3 us (eight products a tile 17.8), GEMM kernel 35.4
     ('linear', 32, 4096, 4096, 128): GemvConfig(64, 128, 4, 4, 3, True),  # H100: 12.2 us (eight products a tile 33.6), dequantize + cuBLAS 25.1
+    ('linear', 64, 4096, 4096, 128): GemvConfig(64, 128, 4, 4, 4, True),  # H100: 15.7 us, dequantize + cuBLAS 25.3
 }
 
 
