@@ -194,16 +194,19 @@ def test_decode_graphs_capture_on_a_cold_triton_cache(tmp_path):
     assert os.listdir(tmp_path / "triton-cache")   # the cache was used, and was cold
 
 
-def test_decode_graphs_keep_one_batch_of_logits(tmp_path):
+def test_decode_graphs_keep_one_batch_of_logits_and_the_memory_plan_counts_them(tmp_path):
     """The decode graphs (batches 1..256) write their logits into one buffer of the largest
     batch's rows. Each graph's own logits stayed allocated in the graphs' shared pool: at GLM's
-    151,552-token vocabulary, 2,191 rows over the 24 batch sizes, 664 MB in bf16."""
+    151,552-token vocabulary, 2,191 rows over the 24 batch sizes, 664 MB in bf16. What the
+    graphs keep is in the start-up memory plan (it was not: the KV cache could take it)."""
+    from autoglm_serve.engine.core.worst_step import profile_worst_step
     vocab, max_num_seqs = 151_552, 256
     path, _ = build_tiny_decoder(tmp_path / "glm4", "glm4", vocab_size=vocab)
     llm = LLM(str(path), skip_tokenizer_init=True, dtype="bfloat16", block_size=16,
               max_num_batched_tokens=128, kv_cache_memory_gib=1, max_num_seqs=max_num_seqs)
     runner = llm.engine.core.runner
     assert runner.graphs is not None and runner.graphs.max_size == max_num_seqs
+    planned = profile_worst_step(runner, decode_graphs=True)["decode graphs"]
     runner.graphs = None     # captured again below, measured
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
@@ -212,6 +215,7 @@ def test_decode_graphs_keep_one_batch_of_logits(tmp_path):
     held = torch.cuda.memory_allocated() - before
     one_batch = max_num_seqs * vocab * 2
     assert held < 2 * one_batch, (held, one_batch)
+    assert 0.95 * held <= planned <= 1.5 * held, (planned, held)
     # and the engine decodes on the graphs captured again (40 rows: the 48-row graph)
     outs = llm.generate([[3 + i, 4, 5] for i in range(40)],
                         SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))

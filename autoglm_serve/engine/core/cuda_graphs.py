@@ -58,7 +58,8 @@ class DecodeGraphs:
             block_tables=self.block_tables[:bs], slot_mapping=self.slot_mapping[:bs],
             query_start_loc_cpu=cpu, seq_lens_cpu=cpu)
 
-    def _forward(self, bs: int, max_seq_len: int) -> torch.Tensor:
+    def forward(self, bs: int, max_seq_len: int) -> torch.Tensor:
+        """One eager decode step of the first bs rows of the static inputs: their logits."""
         pos = self.positions[..., :bs]
         hidden = self.model(self.input_ids[:bs], pos, self._meta(bs, max_seq_len))
         return self.model.compute_logits(hidden)
@@ -79,8 +80,8 @@ class DecodeGraphs:
                 # write kernel; it compiled while serving otherwise, 1.0-1.4 s a split on the
                 # H200) and the graph's own (the kernel writes the K/V itself).
                 with self.backend.kv_write_kernel():
-                    self._forward(bs, max_seq_len)
-                eager = self._forward(bs, max_seq_len)
+                    self.forward(bs, max_seq_len)
+                eager = self.forward(bs, max_seq_len)
                 if self.logits is None:     # the stream that replays owns it
                     with torch.cuda.stream(replaying):
                         self.logits = eager.new_empty(self.max_size, eager.shape[-1])
@@ -88,7 +89,7 @@ class DecodeGraphs:
                 graph = torch.cuda.CUDAGraph()
                 with compile_watch.watching(compile_watch.CAPTURING), \
                         torch.cuda.graph(graph, pool=pool, stream=stream):
-                    self.logits[:bs].copy_(self._forward(bs, max_seq_len))
+                    self.logits[:bs].copy_(self.forward(bs, max_seq_len))
                 self.graphs[bs] = graph
         replaying.wait_stream(stream)
         torch.cuda.synchronize(self.device)

@@ -3,13 +3,21 @@ memory (engine/core/memory_plan.py sizes the KV cache by it).
 
 Each part is run alone with the allocator's peak reset before it: the largest image through the
 vision tower (the runner encodes images one at a time), a forward over max_num_batched_tokens
-tokens, and the sampler over max_num_seqs rows with every option that adds buffers.
+tokens, and the sampler over max_num_seqs rows with every option that adds buffers. Where the
+runner will capture decode CUDA graphs, a last part prices what they keep for good once captured:
+their shared pool holds the activations of the largest graph's step, and their logits buffer a
+batch of that size (engine/core/cuda_graphs.py); an eager decode step at every graph size also
+allocates the split-K workspaces of the GEMVs and GEMMs the graphs will use.
+
+A part's figure is its peak above what it started from or leaves behind, whichever is more: what
+it leaves (those workspaces) is in use when the memory plan reads the device's free memory.
 """
 from __future__ import annotations
 
 import torch
 
 from autoglm_serve.multimodal.inputs import MultiModalItem
+from autoglm_serve.engine.core.cuda_graphs import DecodeGraphs
 from autoglm_serve.engine.core.runner import ModelRunner
 from autoglm_serve.engine.core.sampler import SamplingRow, make_generator
 from autoglm_serve.models.layers.attention import AttentionMetadata
@@ -17,14 +25,15 @@ from autoglm_serve.sampling_params import MAX_LOGPROBS, SamplingParams
 
 
 @torch.inference_mode()
-def profile_worst_step(runner: ModelRunner, largest_image: MultiModalItem | None = None
-                       ) -> dict[str, int]:
-    """Each part's peak of allocated bytes above its start, on CUDA (on a CPU the parts
-    run and nothing is measured)."""
-    parts = {"vision tower": (lambda: runner.model.embed_images(
-                 largest_image.patches(runner.device), [largest_image.grid_thw]))
+def profile_worst_step(runner: ModelRunner, largest_image: MultiModalItem | None = None,
+                       decode_graphs: bool = False) -> dict[str, int]:
+    """Each part's peak of allocated bytes, on CUDA (on a CPU the parts run and nothing is
+    measured); "decode graphs" (with ``decode_graphs``) is held beside every step's peak. A
+    part returns the bytes it will hold beyond its peak (None: nothing)."""
+    parts = {"vision tower": (lambda: _vision_tower(runner, largest_image))
              if largest_image is not None else None,
-             "forward": lambda: _forward(runner), "sampler": lambda: _sampler(runner)}
+             "forward": lambda: _forward(runner), "sampler": lambda: _sampler(runner),
+             "decode graphs": (lambda: _decode_graphs(runner)) if decode_graphs else None}
     if runner.device.type == "cuda":
         # the penalties' count table, persistent: held before the KV cache is sized from
         # what is left
@@ -38,11 +47,16 @@ def profile_worst_step(runner: ModelRunner, largest_image: MultiModalItem | None
             torch.cuda.synchronize(runner.device)
             torch.cuda.reset_peak_memory_stats(runner.device)
             start = torch.cuda.memory_allocated(runner.device)
-        run()
+        held = run() or 0
         if cuda:
             torch.cuda.synchronize(runner.device)
-            peaks[name] = torch.cuda.max_memory_allocated(runner.device) - start
+            left = max(start, torch.cuda.memory_allocated(runner.device))
+            peaks[name] = torch.cuda.max_memory_allocated(runner.device) - left + held
     return peaks
+
+
+def _vision_tower(self: ModelRunner, image: MultiModalItem) -> None:
+    self.model.embed_images(image.patches(self.device), [image.grid_thw])
 
 
 def _forward(self: ModelRunner) -> None:
@@ -68,14 +82,30 @@ def _forward(self: ModelRunner) -> None:
     hidden = self.model(ids, pos, meta)
     self.model.compute_logits(hidden[:min(n, self.max_num_seqs)])
 
+
+def _decode_graphs(self: ModelRunner) -> int:
+    """An eager decode step at each of the graphs' sizes; returns the bytes of the logits
+    buffer the graphs add to what the largest step needs."""
+    graphs = DecodeGraphs(self.model, self.backend, self.device, self.max_num_seqs,
+                          self.max_blocks_per_seq, self.uses_mrope)
+    graphs.seq_lens.fill_(1)    # as the capture does
+    for bs in graphs.sizes:
+        row_bytes = graphs.forward(bs, self.max_model_len)[0].nbytes   # freed at once
+    return graphs.max_size * row_bytes
+
+
 def _sampler(self: ModelRunner) -> None:
-    """max_num_seqs rows of random logits through every sampling option."""
-    rows = self.max_num_seqs
-    logits = torch.randn(rows, self.vocab_size, device=self.device)
+    """max_num_seqs rows of random logits through every sampling option, with the penalties'
+    history as the runner gathers it for them ([rows, V] counts and prompt mask,
+    engine/core/token_counts.py)."""
+    rows, vocab = self.max_num_seqs, self.vocab_size
+    logits = torch.randn(rows, vocab, device=self.device)
+    history = (torch.zeros(rows, vocab, dtype=torch.float32, device=self.device),
+               torch.zeros(rows, vocab, dtype=torch.bool, device=self.device))
     params = SamplingParams(temperature=1.0, top_p=0.85, min_p=0.01, repetition_penalty=1.1,
                             frequency_penalty=0.2, logprobs=MAX_LOGPROBS, min_tokens=1)
     prompt = range(self.max_model_len // 2)
     output = range(self.max_model_len // 2, self.max_model_len - 1)
     self.sampler.sample(logits, [SamplingRow(params, prompt, output,
                                              make_generator(i, self.device), (0,))
-                                 for i in range(rows)])
+                                 for i in range(rows)], history)
