@@ -27,11 +27,12 @@ from autoglm_serve.structured.bitmask import apply_bitmask
 
 # exponential_ may return exactly 0 (u == 0); p / 0 would be inf or NaN, and argmax favours NaN.
 _TINY = torch.finfo(torch.float32).tiny
-# Rows are sampled in groups of at most this many elements per [rows, V] buffer (64 MiB in
-# float32): the sampler builds about ten such buffers (copy, penalty counts, the top-p sort's
-# values and indices, softmax, cumsum), 1.6 GiB at 256 rows of GLM's 151k vocabulary, which a
-# 24 GB card cannot spare. Rows are independent, so grouping changes no token.
-_GROUP_ELEMENTS = 1 << 24
+# Rows are sampled in groups of at most this many elements per [rows, V] buffer (16 MiB in
+# float32, 27 rows of GLM's 151k vocabulary): the sampler builds about ten such buffers (copy,
+# penalties, the top-p sort's values and indices, softmax, cumsum), 1.6 GiB at 256 rows in one
+# group, which a 24 GB card cannot spare; the start-up memory plan reserves the peak beside the
+# KV cache. Rows are independent, so grouping changes no token.
+_GROUP_ELEMENTS = 1 << 22
 
 
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:

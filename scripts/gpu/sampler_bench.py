@@ -1,0 +1,108 @@
+"""The sampler's time and peak memory by its row groups (GPU).
+
+    python3 scripts/gpu/sampler_bench.py [--rows 16,64,256] [--groups 24,23,22]
+    python3 scripts/gpu/sampler_bench.py --smoke     # CPU, small rows (checks the script)
+
+engine/core/sampler.py samples rows in groups of at most 2**g elements of each [rows, vocab]
+buffer, so that its peak memory stays bounded; the start-up memory plan reserves that peak
+beside the KV cache (its worst step samples max_num_seqs rows with every option). Smaller
+groups free memory for the KV cache and cost launches. For each row count, group size and
+sampling (Open-AutoGLM's: greedy with frequency_penalty 0.2, the penalty counts kept on the
+device as the engine keeps them; a chat client's: temperature 0.7, top_p 0.85; the profile's
+worst: every option and logprobs) this prints the median time of one call and the allocator's
+peak above its start, with GLM-4.1V's 151,552-token vocabulary, and whether its first call's
+tokens equal those of the first group size (seeded rows: grouping must change no token). Prints
+a JSON line per case.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+from autoglm_serve.engine.core import sampler as sampler_module  # noqa: E402
+from autoglm_serve.engine.core.sampler import Sampler, SamplingRow, make_generator  # noqa: E402
+from autoglm_serve.sampling_params import MAX_LOGPROBS, SamplingParams  # noqa: E402
+
+VOCAB = 151_552
+CONTEXT = 4_000      # tokens of each row's prompt and output history
+SAMPLINGS = {
+    "open-autoglm": dict(temperature=0.0, top_p=0.85, frequency_penalty=0.2),
+    "chat": dict(temperature=0.7, top_p=0.85),
+    "worst": dict(temperature=1.0, top_p=0.85, min_p=0.01, repetition_penalty=1.1,
+                  frequency_penalty=0.2, logprobs=MAX_LOGPROBS, min_tokens=1),
+}
+
+
+def case(device, rows: int, vocab: int, name: str, repeats: int
+         ) -> tuple[float, int, list[int]]:
+    params = SamplingParams(**SAMPLINGS[name])
+    prompt, output = range(CONTEXT // 2), range(CONTEXT // 2, CONTEXT)
+    batch = [SamplingRow(params, prompt, output, make_generator(i, device), (0,))
+             for i in range(rows)]
+    logits = torch.randn(rows, vocab, device=device, dtype=torch.bfloat16,
+                         generator=make_generator(rows, device))
+    history = None
+    if params.frequency_penalty or params.repetition_penalty != 1.0:
+        # as engine/core/token_counts.py keeps them: counts and the prompt mask on the device
+        counts = torch.zeros(rows, vocab, dtype=torch.float32, device=device)
+        counts[:, CONTEXT // 2:CONTEXT] = 1
+        mask = torch.zeros(rows, vocab, dtype=torch.bool, device=device)
+        mask[:, :CONTEXT // 2] = True
+        history = (counts, mask if params.repetition_penalty != 1.0 else None)
+    sampler = Sampler()
+    first = sampler.sample(logits, batch, history).sampled_token_ids.tolist()     # warm-up
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        sampler.sample(logits, batch, history).sampled_token_ids.cpu()
+        times.append(time.perf_counter() - t0)
+    peak = torch.cuda.max_memory_allocated() - start if cuda else 0
+    return statistics.median(times), peak, first
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="16,64,256")
+    ap.add_argument("--groups", default="24,23,22", help="log2 of the group's elements")
+    ap.add_argument("--samplings", default=",".join(SAMPLINGS))
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    device = torch.device("cpu" if args.smoke else "cuda")
+    vocab = 4_096 if args.smoke else VOCAB
+    rows_list = [4, 8] if args.smoke else [int(r) for r in args.rows.split(",")]
+    if not args.smoke:
+        print(torch.cuda.get_device_name(), "| torch", torch.__version__, flush=True)
+    for rows in rows_list:
+        for name in args.samplings.split(","):
+            reference = None
+            for g in (int(g) for g in args.groups.split(",")):
+                # the smoke's groups: 2^(g - 22) rows
+                elements = (1 << g) if not args.smoke else vocab * (1 << (g - 22))
+                sampler_module._GROUP_ELEMENTS = elements
+                seconds, peak, tokens = case(device, rows, vocab, name,
+                                             2 if args.smoke else args.repeats)
+                reference = reference or tokens
+                print(json.dumps(dict(rows=rows, sampling=name, group_log2=g,
+                                      group_rows=max(1, elements // vocab),
+                                      ms=round(seconds * 1e3, 3), peak_mib=round(peak / 2**20, 1),
+                                      same_tokens=tokens == reference)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
