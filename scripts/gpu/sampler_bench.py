@@ -9,10 +9,12 @@ beside the KV cache (its worst step samples max_num_seqs rows with every option)
 groups free memory for the KV cache and cost launches. For each row count, group size and
 sampling (Open-AutoGLM's: greedy with frequency_penalty 0.2, the penalty counts kept on the
 device as the engine keeps them; a chat client's: temperature 0.7, top_p 0.85; the profile's
-worst: every option and logprobs) this prints the median time of one call and the allocator's
-peak above its start, with GLM-4.1V's 151,552-token vocabulary, and whether its first call's
-tokens equal those of the first group size (seeded rows: grouping must change no token). Prints
-a JSON line per case.
+worst: every option and logprobs) this prints the median time of one call with its sync (the
+host's launches included), the median device time of its kernels alone (``gpu_ms``: launched
+behind a sleep kernel, so the launches are queued before the first runs: in the engine they
+overlap the forward on the GPU) and the allocator's peak above its start, with GLM-4.1V's
+151,552-token vocabulary, and whether its first call's tokens equal those of the first group
+size (seeded rows: grouping must change no token). Prints a JSON line per case.
 """
 from __future__ import annotations
 
@@ -42,8 +44,27 @@ SAMPLINGS = {
 }
 
 
+SLEEP_CYCLES = 200_000_000      # ~0.1 s at an H100's or H200's clock: longer than the launches
+
+
+def device_seconds(call) -> float | None:
+    """The time of call's kernels on the device alone, or None where the host's launches took
+    longer than the sleep in front of them (the figure would hold launch gaps)."""
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(SLEEP_CYCLES)
+    start.record()
+    t0 = time.perf_counter()
+    call()
+    end.record()
+    host = time.perf_counter() - t0
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1e3
+    return None if host >= seconds else seconds
+
+
 def case(device, rows: int, vocab: int, name: str, repeats: int
-         ) -> tuple[float, int, list[int]]:
+         ) -> tuple[float, float | None, int, list[int]]:
     params = SamplingParams(**SAMPLINGS[name])
     prompt, output = range(CONTEXT // 2), range(CONTEXT // 2, CONTEXT)
     batch = [SamplingRow(params, prompt, output, make_generator(i, device), (0,))
@@ -71,7 +92,12 @@ def case(device, rows: int, vocab: int, name: str, repeats: int
         sampler.sample(logits, batch, history).sampled_token_ids.cpu()
         times.append(time.perf_counter() - t0)
     peak = torch.cuda.max_memory_allocated() - start if cuda else 0
-    return statistics.median(times), peak, first
+    gpu = None
+    if cuda:
+        runs = [device_seconds(lambda: sampler.sample(logits, batch, history))
+                for _ in range(repeats)]
+        gpu = statistics.median(runs) if None not in runs else None
+    return statistics.median(times), gpu, peak, first
 
 
 def main() -> None:
@@ -95,12 +121,14 @@ def main() -> None:
                 # the smoke's groups: 2^(g - 22) rows
                 elements = (1 << g) if not args.smoke else vocab * (1 << (g - 22))
                 sampler_module._GROUP_ELEMENTS = elements
-                seconds, peak, tokens = case(device, rows, vocab, name,
-                                             2 if args.smoke else args.repeats)
+                seconds, gpu, peak, tokens = case(device, rows, vocab, name,
+                                                  2 if args.smoke else args.repeats)
                 reference = reference or tokens
                 print(json.dumps(dict(rows=rows, sampling=name, group_log2=g,
                                       group_rows=max(1, elements // vocab),
-                                      ms=round(seconds * 1e3, 3), peak_mib=round(peak / 2**20, 1),
+                                      ms=round(seconds * 1e3, 3),
+                                      gpu_ms=round(gpu * 1e3, 3) if gpu is not None else None,
+                                      peak_mib=round(peak / 2**20, 1),
                                       same_tokens=tokens == reference)), flush=True)
 
 
