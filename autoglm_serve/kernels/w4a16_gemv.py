@@ -72,7 +72,7 @@ ODD_EXP = 0x41800000
 # H100, 2026-12-06; those with a last field of 2 sum two words a bf16 pair
 # (``GemvConfig.packed``), which beat the fp32 CUDA-core sums there by 2-10%; those at 4-64
 # rows take one tensor-core product a tile (comments: the eight products a tile before it,
-# then the path it replaces: at 32 and 64 rows dequantize + cuBLAS, 1.3-2.4x slower).
+# then the path it replaces: at 32 and 64 rows dequantize + cuBLAS, 1.6-2.9x slower).
 TUNED: dict[tuple[str, int, int, int, int], GemvConfig | None] = {
     ('gated', 1, 13696, 4096, 128): GemvConfig(64, 128, 4, 4, 2, False, 2),  # H100: 30.9 us (CUDA-core sums 33.9), GEMM kernel 225.7
     ('gated', 2, 13696, 4096, 128): GemvConfig(128, 128, 8, 4, 3, False, 2),  # H100: 35.0 us (one word a sum 37.3), GEMM kernel 214.0
