@@ -525,8 +525,8 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes")
     ap.add_argument("--out", default="quant_gemv_bench.json")
     ap.add_argument("--ms", default="1,2,4,8,16,32,64",
-                    help="rows; the FP8 GEMV takes up to 8, the W4A16 one up to 64 (TUNED has "
-                         "32-row entries)")
+                    help="rows; the FP8 GEMV takes up to 8, the W4A16 one up to 64 (TUNED's "
+                         "largest rows bucket)")
     ap.add_argument("--large-ms", default="256,2048")
     ap.add_argument("--shapes", default=",".join(s.name for s in SHAPES))
     ap.add_argument("--budget-s", type=float, default=170.0)
