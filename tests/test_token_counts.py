@@ -47,6 +47,21 @@ def test_table_tracks_sampled_tokens_across_reuse_and_growth():
     assert table.capacity >= 16
 
 
+
+def test_reserved_tables_hold_the_first_repetition_penalty_without_allocating():
+    """The start-up profile reserves max_num_seqs slots before the KV cache is sized from what
+    is left, so the first request with a repetition penalty must find its prompt mask there."""
+    table = DeviceTokenCounts(V, torch.device("cpu"))
+    table.reserve(8)
+    counts, mask = table.counts.data_ptr(), table.prompt_mask.data_ptr()
+    reqs = [_request(f"r{i}", [i, 40 + i]) for i in range(8)]
+    _, _, got = table.gather(reqs[:3], [True] * 3, repetition=False)
+    assert got is None
+    _, _, got = table.gather(reqs, [True] * 8, repetition=True)
+    assert (table.counts.data_ptr(), table.prompt_mask.data_ptr()) == (counts, mask)
+    assert torch.equal(got, token_counts([r.prompt_token_ids for r in reqs], V, "cpu") > 0)
+
+
 REFERENCE = [
     SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, frequency_penalty=0.2,
                    top_p=0.85),                                        # Open-AutoGLM's

@@ -39,7 +39,10 @@ class DeviceTokenCounts:
         self.vocab_size = vocab_size
         self.device = device
         self.counts = torch.zeros(0, vocab_size, dtype=torch.float32, device=device)
-        self.prompt_mask: torch.Tensor | None = None    # bool [slots, V], on first use
+        # bool [slots, V], grown with the counts so that the memory plan's reserve holds it;
+        # its rows are written once some request asks for a repetition penalty
+        self.prompt_mask = torch.zeros(0, vocab_size, dtype=torch.bool, device=device)
+        self._prompts_written = False
         self._slots: dict[str, tuple[Request, int]] = {}
         self._free: list[int] = []
 
@@ -48,18 +51,16 @@ class DeviceTokenCounts:
         return self.counts.shape[0]
 
     def reserve(self, slots: int) -> None:
-        """Grows the table to at least this many slots (the start-up profile reserves
-        max_num_seqs, so the KV cache is sized with the table in place)."""
+        """Grows the tables to at least this many slots (the start-up profile reserves
+        max_num_seqs, so the KV cache is sized with both tables in place)."""
         if slots <= self.capacity:
             return
-        grown = torch.zeros(slots, self.vocab_size, dtype=torch.float32, device=self.device)
-        grown[:self.capacity] = self.counts
+        counts = torch.zeros(slots, self.vocab_size, dtype=torch.float32, device=self.device)
+        mask = torch.zeros(slots, self.vocab_size, dtype=torch.bool, device=self.device)
+        counts[:self.capacity] = self.counts
+        mask[:self.capacity] = self.prompt_mask
         self._free += range(self.capacity, slots)
-        self.counts = grown
-        if self.prompt_mask is not None:
-            mask = torch.zeros(slots, self.vocab_size, dtype=torch.bool, device=self.device)
-            mask[:self.prompt_mask.shape[0]] = self.prompt_mask
-            self.prompt_mask = mask
+        self.counts, self.prompt_mask = counts, mask
 
     def _slot(self, req: Request) -> int:
         held = self._slots.get(req.request_id)
@@ -74,7 +75,7 @@ class DeviceTokenCounts:
         # A new slot starts from what the host knows; nothing of this request is in flight
         # yet: a penalized request samples through its slot from its first token on.
         self.counts[slot] = token_counts([req.output_token_ids], self.vocab_size, self.device)[0]
-        if self.prompt_mask is not None:
+        if self._prompts_written:
             self._write_prompt(req, slot)
         return slot
 
@@ -95,9 +96,8 @@ class DeviceTokenCounts:
         """(slots [B] int64 on the device, counts [B, V], prompt mask [B, V] or None) for the
         step's sampling rows; rows that use no penalty read a zero row (slot 0's counts are
         masked off by their zero penalties in the sampler, so any slot serves)."""
-        if repetition and self.prompt_mask is None:
-            self.prompt_mask = torch.zeros(self.capacity, self.vocab_size, dtype=torch.bool,
-                                           device=self.device)
+        if repetition and not self._prompts_written:
+            self._prompts_written = True
             for req, slot in self._slots.values():
                 self._write_prompt(req, slot)
         slots = [self._slot(r) if used else -1 for r, used in zip(requests, rows)]

@@ -35,8 +35,8 @@ def profile_worst_step(runner: ModelRunner, largest_image: MultiModalItem | None
              "forward": lambda: _forward(runner), "sampler": lambda: _sampler(runner),
              "decode graphs": (lambda: _decode_graphs(runner)) if decode_graphs else None}
     if runner.device.type == "cuda":
-        # the penalties' count table, persistent: held before the KV cache is sized from
-        # what is left
+        # the penalties' count table and prompt mask, persistent: held before the KV cache
+        # is sized from what is left
         runner.token_counts.reserve(runner.max_num_seqs)
     peaks = {}
     for name, run in parts.items():
