@@ -51,7 +51,8 @@ def device_seconds(call) -> float | None:
     """The time of call's kernels on the device alone, or None where the host's launches took
     longer than the sleep in front of them (the figure would hold launch gaps)."""
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    before, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    before.record()
     torch.cuda._sleep(SLEEP_CYCLES)
     start.record()
     t0 = time.perf_counter()
@@ -59,8 +60,8 @@ def device_seconds(call) -> float | None:
     end.record()
     host = time.perf_counter() - t0
     end.synchronize()
-    seconds = start.elapsed_time(end) / 1e3
-    return None if host >= seconds else seconds
+    slept = before.elapsed_time(start) / 1e3
+    return None if host >= slept else start.elapsed_time(end) / 1e3
 
 
 def case(device, rows: int, vocab: int, name: str, repeats: int
