@@ -443,10 +443,23 @@ def test_cuda_step_has_no_host_sync_and_is_seed_stable():
     assert out.sampled_token_ids[1].item() == logits[1].float().argmax().item()
 
 
-def test_rows_sampled_in_groups_equal_one_batch(monkeypatch):
+def test_row_groups_follow_the_memory_the_engine_may_use():
+    """The sampler's peak (about 48 bytes an element of a group, every option on) stays within
+    1/64 of the engine's memory: the largest groups on an 80 GB card, 27 GLM rows on a 24 GB
+    one, never fewer than 2^20 elements."""
+    from autoglm_serve.engine.core.sampler import group_elements_for
+    h100, card_24gb = 0.9 * 79.2 * 2**30, 0.9 * 23.5 * 2**30
+    assert group_elements_for(h100) == 1 << 24
+    assert group_elements_for(0.9 * 44.4 * 2**30) == 1 << 23
+    assert group_elements_for(card_24gb) == 1 << 22
+    assert group_elements_for(2**30) == 1 << 20
+    for memory in (h100, card_24gb, 6 * 2**30):
+        assert group_elements_for(memory) * 48 <= memory / 64
+
+
+def test_rows_sampled_in_groups_equal_one_batch():
     """Sampler.sample splits the rows into groups to bound its buffers: greedy rows, seeded
     rows and logprobs (of different widths per group) come out as from one batch."""
-    from autoglm_serve.engine.core import sampler as sampler_module
     V, B = 64, 11
     torch.manual_seed(0)
     logits = torch.randn(B, V)
@@ -460,8 +473,7 @@ def test_rows_sampled_in_groups_equal_one_batch(monkeypatch):
                             if p.seed is not None else None) for p in params]
 
     whole = Sampler()(logits, SamplingBatch.build(rows(), V, "cpu"))
-    monkeypatch.setattr(sampler_module, "_GROUP_ELEMENTS", 4 * V)     # groups of 4 rows
-    grouped = Sampler().sample(logits, rows())
+    grouped = Sampler(group_elements=4 * V).sample(logits, rows())     # groups of 4 rows
     assert torch.equal(grouped.sampled_token_ids, whole.sampled_token_ids)
     got, want = grouped.logprobs, whole.logprobs
     for i, p in enumerate(params):

@@ -6,7 +6,8 @@
 engine/core/sampler.py samples rows in groups of at most 2**g elements of each [rows, vocab]
 buffer, so that its peak memory stays bounded; the start-up memory plan reserves that peak
 beside the KV cache (its worst step samples max_num_seqs rows with every option). Smaller
-groups free memory for the KV cache and cost launches. For each row count, group size and
+groups free memory for the KV cache and cost launches, and device time where rows sample
+with top-p (a sort a group). For each row count, group size and
 sampling (Open-AutoGLM's: greedy with frequency_penalty 0.2, the penalty counts kept on the
 device as the engine keeps them; a chat client's: temperature 0.7, top_p 0.85; the profile's
 worst: every option and logprobs) this prints the median time of one call with its sync (the
@@ -30,7 +31,6 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
-from autoglm_serve.engine.core import sampler as sampler_module  # noqa: E402
 from autoglm_serve.engine.core.sampler import Sampler, SamplingRow, make_generator  # noqa: E402
 from autoglm_serve.sampling_params import MAX_LOGPROBS, SamplingParams  # noqa: E402
 
@@ -64,7 +64,7 @@ def device_seconds(call) -> float | None:
     return None if host >= slept else start.elapsed_time(end) / 1e3
 
 
-def case(device, rows: int, vocab: int, name: str, repeats: int
+def case(device, rows: int, vocab: int, name: str, group_elements: int, repeats: int
          ) -> tuple[float, float | None, int, list[int]]:
     params = SamplingParams(**SAMPLINGS[name])
     prompt, output = range(CONTEXT // 2), range(CONTEXT // 2, CONTEXT)
@@ -80,7 +80,7 @@ def case(device, rows: int, vocab: int, name: str, repeats: int
         mask = torch.zeros(rows, vocab, dtype=torch.bool, device=device)
         mask[:, :CONTEXT // 2] = True
         history = (counts, mask if params.repetition_penalty != 1.0 else None)
-    sampler = Sampler()
+    sampler = Sampler(group_elements)
     first = sampler.sample(logits, batch, history).sampled_token_ids.tolist()     # warm-up
     cuda = device.type == "cuda"
     if cuda:
@@ -121,8 +121,7 @@ def main() -> None:
             for g in (int(g) for g in args.groups.split(",")):
                 # the smoke's groups: 2^(g - 22) rows
                 elements = (1 << g) if not args.smoke else vocab * (1 << (g - 22))
-                sampler_module._GROUP_ELEMENTS = elements
-                seconds, gpu, peak, tokens = case(device, rows, vocab, name,
+                seconds, gpu, peak, tokens = case(device, rows, vocab, name, elements,
                                                   2 if args.smoke else args.repeats)
                 reference = reference or tokens
                 print(json.dumps(dict(rows=rows, sampling=name, group_log2=g,

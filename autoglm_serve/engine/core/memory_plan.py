@@ -20,6 +20,7 @@ from autoglm_serve.config import EngineConfig
 from autoglm_serve.engine.core.image_embedding import encoder_cache_bytes
 from autoglm_serve.engine.core.model_setup import LoadedModel
 from autoglm_serve.engine.core.runner import ModelRunner
+from autoglm_serve.engine.core.sampler import group_elements_for
 from autoglm_serve.engine.core.worst_step import profile_worst_step
 from autoglm_serve.loader.model_path import processor_defaults
 from autoglm_serve.multimodal.inputs import MultiModalItem
@@ -66,6 +67,9 @@ def size_kv_cache(config: EngineConfig, runner: ModelRunner, device: torch.devic
 def _profile_cuda(config: EngineConfig, runner: ModelRunner, device: torch.device,
                   loaded: LoadedModel, per_block: int) -> CacheSizing:
     torch.cuda.empty_cache()
+    total = torch.cuda.mem_get_info(device)[1]
+    limit = total * min(config.gpu_memory_utilization, _memory_fraction(device))
+    runner.sampler.group_elements = group_elements_for(limit)
     runner.allocate_kv_cache(1)
     image = largest_image(config, loaded) if runner.images is not None else None
     peaks = profile_worst_step(runner, image, decode_graphs=runner.wants_cuda_graphs(config))
@@ -75,12 +79,12 @@ def _profile_cuda(config: EngineConfig, runner: ModelRunner, device: torch.devic
         # an image's encoding in progress is held across steps, beside any step's peak
         peaks["vision state"] = runner.images.state_bytes(image)
         activation += peaks["vision state"]
-    logger.info("the worst step's activations: %s", ", ".join(
-        f"{name} {peak / 2**30:.2f} GiB" for name, peak in peaks.items()))
+    logger.info("the worst step's activations: %s (the sampler in groups of %d rows)", ", ".join(
+        f"{name} {peak / 2**30:.2f} GiB" for name, peak in peaks.items()),
+        max(1, runner.sampler.group_elements // runner.vocab_size))
     runner.allocate_kv_cache(0)
     torch.cuda.empty_cache()
-    free, total = torch.cuda.mem_get_info(device)
-    limit = total * min(config.gpu_memory_utilization, _memory_fraction(device))
+    free = torch.cuda.mem_get_info(device)[0]
     used = total - free
     encoder = encoder_cache_bytes(runner.model, runner.encoder_cache, device)
     budget = max(0, int(limit - used - activation - encoder))

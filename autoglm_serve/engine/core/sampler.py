@@ -27,12 +27,25 @@ from autoglm_serve.structured.bitmask import apply_bitmask
 
 # exponential_ may return exactly 0 (u == 0); p / 0 would be inf or NaN, and argmax favours NaN.
 _TINY = torch.finfo(torch.float32).tiny
-# Rows are sampled in groups of at most this many elements per [rows, V] buffer (16 MiB in
-# float32, 27 rows of GLM's 151k vocabulary): the sampler builds about ten such buffers (copy,
-# penalties, the top-p sort's values and indices, softmax, cumsum), 1.6 GiB at 256 rows in one
-# group, which a 24 GB card cannot spare; the start-up memory plan reserves the peak beside the
-# KV cache. Rows are independent, so grouping changes no token.
-_GROUP_ELEMENTS = 1 << 22
+# Rows are sampled in groups of at most group_elements elements per [rows, V] buffer: the
+# sampler builds about ten such buffers (copy, penalties, the top-p sort's values and indices,
+# softmax, cumsum), 1.6 GiB at 256 rows of GLM's 151k vocabulary in one group, which a 24 GB
+# card cannot spare; the start-up memory plan reserves the peak beside the KV cache. Smaller
+# groups cost device time where rows sample with top-p (a sort a group: 256 such rows took
+# 6.6 ms of kernels in groups of 2^24 elements, 9.6 ms in groups of 2^22 on an H100), so the
+# group is sized to the memory the engine may use. Rows are independent: grouping changes no
+# token.
+_PEAK_BYTES_PER_ELEMENT = 48      # every option and logprobs: 188 MiB at 2^22, 766 at 2^24
+DEFAULT_GROUP_ELEMENTS = 1 << 22  # 27 GLM rows
+
+
+def group_elements_for(memory_bytes: float) -> int:
+    """The largest power of two of elements, 2^20 to 2^24, whose peak is at most 1/64 of the
+    memory the engine may use: 2^24 on an 80 GB card, 2^22 on a 24 GB one."""
+    elements = 1 << 24
+    while elements > 1 << 20 and elements * _PEAK_BYTES_PER_ELEMENT > memory_bytes / 64:
+        elements //= 2
+    return elements
 
 
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
@@ -318,13 +331,16 @@ def _concat(parts: list[SamplerOutput]) -> SamplerOutput:
 
 
 class Sampler:
+    def __init__(self, group_elements: int = DEFAULT_GROUP_ELEMENTS):
+        self.group_elements = group_elements
+
     def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow],
                history: tuple[torch.Tensor, torch.Tensor | None] | None = None,
                bitmask: torch.Tensor | None = None) -> SamplerOutput:
         """The rows' next tokens, in groups that bound the sampler's memory (history and
         bitmask: see SamplingBatch.build)."""
         V = logits.shape[-1]
-        group = max(1, _GROUP_ELEMENTS // V)
+        group = max(1, self.group_elements // V)
         if len(rows) <= group:
             return self(logits, SamplingBatch.build(rows, V, logits.device, history, bitmask))
 
