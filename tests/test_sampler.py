@@ -1,5 +1,6 @@
 import math
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -276,6 +277,42 @@ def test_temperature_zero_and_top_k_one_are_argmax_in_mixed_batch():
     argmax = logits.argmax(-1)
     for i in (0, 2, 3, 4):
         assert tokens[i] == argmax[i]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sorting_the_half_precision_logits_keeps_every_cutoff(dtype):
+    """The full sort may read the model's 16-bit logits when nothing but the temperature has
+    changed them: the kept tokens and the sampled ones are the float32 sort's, ties (common
+    in bf16) and rows with top-k or greedy included."""
+    V, B = 4096, 12
+    g = torch.Generator().manual_seed(3)
+    raw = (torch.randn(B, V, generator=g) * 0.5).to(dtype)
+    params = [SamplingParams(temperature=0.3 + 0.1 * i, top_p=0.5 + 0.04 * i,
+                             top_k=50 * i if i % 3 == 1 else 0, seed=i) for i in range(B)]
+    params[5] = SamplingParams(temperature=0)
+    b = batch_of(params, V)
+    assert b.any_top_p and not b.all_top_k
+    x = raw.float().div_(b.temperature[:, None])
+    from_raw = apply_top_k_top_p(x.clone(), b, raw)
+    assert torch.equal(from_raw, apply_top_k_top_p(x.clone(), b))
+    assert 1 < len(survivors(from_raw[0])) < V
+
+    # ...and where more than the temperature changed them (the sort must then read those):
+    # two tokens a row hold most of the mass, and each change below moves them
+    top = raw.float().topk(64, dim=-1).indices.tolist()
+    raw = raw.scatter_add(1, torch.tensor(top)[:, :2], torch.full((B, 2), 5.0, dtype=dtype))
+    changed = [dict(), dict(frequency_penalty=2.0), dict(logit_bias={int(top[0][0]): -9.0}),
+               dict(min_tokens=64, max_tokens=64)]
+    for extra in changed:
+        varied = [replace(p, **extra) if p.temperature else p for p in params]
+
+        def rows():
+            return [SamplingRow(p, [], top[i][:32], make_generator(p.seed, "cpu")
+                                if p.seed is not None else None, eos_token_ids=top[i][:2])
+                    for i, p in enumerate(varied)]
+        tokens = Sampler()(raw, SamplingBatch.build(rows(), V, "cpu")).sampled_token_ids
+        as_float32 = Sampler()(raw.float(), SamplingBatch.build(rows(), V, "cpu"))
+        assert torch.equal(tokens, as_float32.sampled_token_ids), extra
 
 
 def test_bf16_logits_accepted():

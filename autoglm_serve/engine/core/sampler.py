@@ -239,8 +239,11 @@ def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     return logits
 
 
-def apply_top_k_top_p(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """Masks by per-row value cutoffs, so tokens tied with the last kept one are all kept."""
+def apply_top_k_top_p(logits: torch.Tensor, batch: SamplingBatch,
+                      raw: torch.Tensor | None = None) -> torch.Tensor:
+    """Masks by per-row value cutoffs, so tokens tied with the last kept one are all kept.
+    raw: the model's logits when ``logits`` is exactly them in float32 over the temperature
+    (nothing else applied), which the full sort may then read instead."""
     V = logits.shape[-1]
     neg_inf = float("-inf")
     if not batch.any_top_p:
@@ -254,7 +257,12 @@ def apply_top_k_top_p(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tenso
     if batch.all_top_k:
         return _top_k_then_top_p_on_topk(logits, batch)
 
-    ascending = logits.sort(dim=-1).values
+    if raw is not None and raw.element_size() < logits.element_size():
+        # The same order and, scaled as logits was, the same values: sorting bf16 keys takes
+        # half the radix passes of float32's.
+        ascending = raw.sort(dim=-1).values.to(logits.dtype).div_(batch.temperature[:, None])
+    else:
+        ascending = logits.sort(dim=-1).values
     cutoff = torch.full((logits.shape[0], 1), neg_inf, device=logits.device)
     if batch.any_top_k:
         cutoff = ascending.gather(1, (V - batch.top_k)[:, None])
@@ -368,7 +376,9 @@ class Sampler:
         if batch.all_greedy:
             tokens = greedy
         else:
-            tokens = self._sample_random(x, batch)
+            unchanged = (batch.bias_index is None and batch.bitmask is None
+                         and batch.min_tokens_banned is None and batch.output_counts is None)
+            tokens = self._sample_random(x, batch, logits if unchanged else None)
             if greedy is not None:
                 tokens = torch.where(batch.is_greedy, greedy, tokens)
         logprobs = None
@@ -377,10 +387,12 @@ class Sampler:
         return SamplerOutput(sampled_token_ids=tokens, logprobs=logprobs)
 
     @staticmethod
-    def _sample_random(x: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    def _sample_random(x: torch.Tensor, batch: SamplingBatch,
+                       raw: torch.Tensor | None) -> torch.Tensor:
+        """raw: the model's logits where x is still exactly them in float32."""
         x = x.div_(batch.temperature[:, None])
         if batch.any_top_k or batch.any_top_p:
-            x = apply_top_k_top_p(x, batch)
+            x = apply_top_k_top_p(x, batch, raw)
         if batch.any_min_p:
             x = apply_min_p(x, batch)
         probs = x.softmax(dim=-1)
