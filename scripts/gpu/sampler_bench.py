@@ -15,7 +15,8 @@ host's launches included), the median device time of its kernels alone (``gpu_ms
 behind a sleep kernel, so the launches are queued before the first runs: in the engine they
 overlap the forward on the GPU) and the allocator's peak above its start, with GLM-4.1V's
 151,552-token vocabulary, and whether its first call's tokens equal those of the first group
-size (seeded rows: grouping must change no token). Prints a JSON line per case.
+size and logits dtype (seeded rows: grouping must change no token, nor the logits' dtype where
+the values are the same). Prints a JSON line per case.
 """
 from __future__ import annotations
 
@@ -64,14 +65,14 @@ def device_seconds(call) -> float | None:
     return None if host >= slept else start.elapsed_time(end) / 1e3
 
 
-def case(device, rows: int, vocab: int, name: str, group_elements: int, repeats: int
-         ) -> tuple[float, float | None, int, list[int]]:
+def case(device, rows: int, vocab: int, name: str, group_elements: int, dtype: torch.dtype,
+         repeats: int) -> tuple[float, float | None, int, list[int]]:
     params = SamplingParams(**SAMPLINGS[name])
     prompt, output = range(CONTEXT // 2), range(CONTEXT // 2, CONTEXT)
     batch = [SamplingRow(params, prompt, output, make_generator(i, device), (0,))
              for i in range(rows)]
     logits = torch.randn(rows, vocab, device=device, dtype=torch.bfloat16,
-                         generator=make_generator(rows, device))
+                         generator=make_generator(rows, device)).to(dtype)
     history = None
     if params.frequency_penalty or params.repetition_penalty != 1.0:
         # as engine/core/token_counts.py keeps them: counts and the prompt mask on the device
@@ -106,6 +107,9 @@ def main() -> None:
     ap.add_argument("--rows", default="16,64,256")
     ap.add_argument("--groups", default="24,23,22", help="log2 of the group's elements")
     ap.add_argument("--samplings", default=",".join(SAMPLINGS))
+    ap.add_argument("--logits-dtypes", default="bfloat16",
+                    help="the model's logits: bfloat16 (GLM's), float32 (the same values; top-p "
+                         "then sorts float32 keys, as it does after a penalty)")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
@@ -113,18 +117,21 @@ def main() -> None:
     device = torch.device("cpu" if args.smoke else "cuda")
     vocab = 4_096 if args.smoke else VOCAB
     rows_list = [4, 8] if args.smoke else [int(r) for r in args.rows.split(",")]
+    dtypes = "bfloat16,float32" if args.smoke else args.logits_dtypes
     if not args.smoke:
         print(torch.cuda.get_device_name(), "| torch", torch.__version__, flush=True)
     for rows in rows_list:
         for name in args.samplings.split(","):
             reference = None
-            for g in (int(g) for g in args.groups.split(",")):
+            for dtype, g in ((d, int(g)) for d in dtypes.split(",")
+                             for g in args.groups.split(",")):
                 # the smoke's groups: 2^(g - 22) rows
                 elements = (1 << g) if not args.smoke else vocab * (1 << (g - 22))
                 seconds, gpu, peak, tokens = case(device, rows, vocab, name, elements,
+                                                  getattr(torch, dtype),
                                                   2 if args.smoke else args.repeats)
                 reference = reference or tokens
-                print(json.dumps(dict(rows=rows, sampling=name, group_log2=g,
+                print(json.dumps(dict(rows=rows, sampling=name, logits=dtype, group_log2=g,
                                       group_rows=max(1, elements // vocab),
                                       ms=round(seconds * 1e3, 3),
                                       gpu_ms=round(gpu * 1e3, 3) if gpu is not None else None,
