@@ -303,16 +303,23 @@ def test_sorting_the_half_precision_logits_keeps_every_cutoff(dtype):
     raw = raw.scatter_add(1, torch.tensor(top)[:, :2], torch.full((B, 2), 5.0, dtype=dtype))
     changed = [dict(), dict(frequency_penalty=2.0), dict(logit_bias={int(top[0][0]): -9.0}),
                dict(min_tokens=64, max_tokens=64)]
-    for extra in changed:
-        varied = [replace(p, **extra) if p.temperature else p for p in params]
+    # a grammar's bitmask that forbids each row's two likeliest tokens
+    forbid = torch.full((B, (V + 31) // 32), -1, dtype=torch.int32)
+    for i, row in enumerate(top):
+        for t in row[:2]:
+            forbid[i, t // 32] &= ~(1 << (t % 32))
+    for extra in changed + ["bitmask"]:
+        varied = [replace(p, **extra) if p.temperature and extra != "bitmask" else p
+                  for p in params]
+        bitmask = forbid if extra == "bitmask" else None
 
         def rows():
             return [SamplingRow(p, [], top[i][:32], make_generator(p.seed, "cpu")
                                 if p.seed is not None else None, eos_token_ids=top[i][:2])
                     for i, p in enumerate(varied)]
-        tokens = Sampler()(raw, SamplingBatch.build(rows(), V, "cpu")).sampled_token_ids
-        as_float32 = Sampler()(raw.float(), SamplingBatch.build(rows(), V, "cpu"))
-        assert torch.equal(tokens, as_float32.sampled_token_ids), extra
+        tokens = Sampler().sample(raw, rows(), bitmask=bitmask).sampled_token_ids
+        as_float32 = Sampler().sample(raw.float(), rows(), bitmask=bitmask).sampled_token_ids
+        assert torch.equal(tokens, as_float32), extra
 
 
 def test_bf16_logits_accepted():
