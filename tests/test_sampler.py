@@ -304,7 +304,8 @@ def test_sorting_the_half_precision_logits_keeps_every_cutoff(dtype):
     changed = [dict(), dict(frequency_penalty=2.0), dict(logit_bias={int(top[0][0]): -9.0}),
                dict(min_tokens=64, max_tokens=64)]
     # a grammar's bitmask that forbids each row's two likeliest tokens
-    forbid = torch.full((B, (V + 31) // 32), -1, dtype=torch.int32)
+    from autoglm_serve.structured.matcher import bitmask_width
+    forbid = torch.full((B, bitmask_width(V)), -1, dtype=torch.int32)
     for i, row in enumerate(top):
         for t in row[:2]:
             forbid[i, t // 32] &= ~(1 << (t % 32))

@@ -47,7 +47,6 @@ def test_table_tracks_sampled_tokens_across_reuse_and_growth():
     assert table.capacity >= 16
 
 
-
 def test_reserved_tables_hold_the_first_repetition_penalty_without_allocating():
     """The start-up profile reserves max_num_seqs slots before the KV cache is sized from what
     is left, so the first request with a repetition penalty must find its prompt mask there."""
