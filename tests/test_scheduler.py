@@ -131,12 +131,12 @@ def test_a_few_tokens_before_an_unencoded_image_wait_for_it():
     s.add(short)
     s.add(long)
     assert step(s) == {"long": MIN}          # short is held; long runs up to its image
-    assert s.image_to_encode()[0] is long    # running prefills' images are encoded first
-    ready.add("image-long")
-    assert step(s) == {"long": 430}
     assert s.image_to_encode()[0] is short and short.status == RequestStatus.WAITING
     ready.add("image-short")
-    assert step(s) == {"long": 1, "short": 451}              # the 21 tokens with the image
+    assert step(s) == {"short": 451}         # the 21 tokens with the image; long still waits
+    assert s.image_to_encode()[0] is long
+    ready.add("image-long")
+    assert step(s) == {"short": 1, "long": 430}
 
     # a running prompt whose chunks reached a few tokens short of its image
     chunked = _with_image("chunked", 600 + 400, 600, 400)
@@ -148,3 +148,35 @@ def test_a_few_tokens_before_an_unencoded_image_wait_for_it():
     assert s2.image_to_encode()[0] is chunked
     ready.add("image-chunked")
     assert step(s2) == {"chunked": 488}
+
+
+def test_the_encoder_serves_held_prompts_in_arrival_order():
+    """A turn held whole by its image is encoded before the images of turns that arrived
+    after it, also those admitted up to their image meanwhile (a long text before it): else a
+    stream of such turns starves it. The image whose blocks are part run is kept."""
+    from autoglm_serve.engine.core.scheduler import MIN_CHUNK_BEFORE_IMAGE as MIN
+    ready: set[str] = set()
+    s = Scheduler(KVCacheManager(2048, BS, enable_prefix_caching=False), 16, 4096,
+                  image_ready=lambda item: item.content_hash in ready)
+    held = _with_image("held", 20 + 400 + 30, 20, 400)
+    held.arrival_time = 1.0
+    later = []
+    for i in range(3):
+        r = _with_image(f"later{i}", MIN + 400 + 30, MIN, 400)
+        r.arrival_time = 2.0 + i
+        later.append(r)
+    s.add(held)
+    for r in later:
+        s.add(r)
+    assert step(s) == {r.request_id: MIN for r in later}    # admitted up to their images
+    assert held.status == RequestStatus.WAITING
+    assert s.image_to_encode()[0] is held
+    # an image whose blocks are under way stays the encoder's until it is done
+    assert s.image_to_encode(in_progress="image-later1")[0] is later[1]
+    assert s.image_to_encode(in_progress="image-gone")[0] is held
+    ready.add("image-held")
+    assert s.image_to_encode()[0] is later[0]
+    assert step(s) == {"held": 450}
+    for r in later:
+        assert s.image_to_encode()[0] is r
+        ready.add(f"image-{r.request_id}")

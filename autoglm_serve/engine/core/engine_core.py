@@ -322,7 +322,7 @@ class EngineCore:
         images = self.runner.images
         if images is None:
             return 0
-        todo = self.scheduler.image_to_encode()
+        todo = self.scheduler.image_to_encode(images.in_progress)
         if todo is None:        # the common step: skip pricing what the running requests owe
             return 0
         budget = step_budget - self.scheduler.tokens_owed_by_running()

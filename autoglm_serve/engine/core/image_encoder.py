@@ -34,6 +34,11 @@ class ImageEncoder:
     def ready(self, item: MultiModalItem) -> bool:
         return item.content_hash in self.cache.entries
 
+    @property
+    def in_progress(self) -> str | None:
+        """The content hash of the image whose blocks are part run, if any."""
+        return self._current[0] if self._current is not None else None
+
     def reset(self) -> None:
         """Drops the encoding in progress (after running out of memory: its states go)."""
         self._current = None

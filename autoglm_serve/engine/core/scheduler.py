@@ -9,7 +9,8 @@ recomputed later (the prefix cache usually makes that cheap).
 
 Images: a chunk never reaches an image placeholder whose embeddings are not ready yet
 (``image_ready``); the core encodes ahead the one ``image_to_encode`` names
-(engine/core/image_encoder.py). A waiting prompt held by its image lets the ones behind it go.
+(engine/core/image_encoder.py), for the held prompts in arrival order. A waiting prompt held by
+its image lets the ones behind it go.
 A chunk that such an image would cut to fewer than ``MIN_CHUNK_BEFORE_IMAGE`` tokens waits for
 the image instead, and joins the chunk that reads it.
 """
@@ -182,17 +183,23 @@ class Scheduler:
         before = item.offset - start
         return before if before >= MIN_CHUNK_BEFORE_IMAGE else 0
 
-    def image_to_encode(self) -> tuple[Request, MultiModalItem] | None:
-        """The image the first prompt held by one needs (running prefills first, then the
-        first waiting prompt with images, past its prefix-cached tokens): the encoder works on
-        nothing else, so encoded images are read before the encoder cache could evict them."""
+    def image_to_encode(self, in_progress: str | None = None
+                        ) -> tuple[Request, MultiModalItem] | None:
+        """The image the earliest-arrived prompt held by one needs: among running prefills
+        and the first waiting prompt with images (past its prefix-cached tokens), so the
+        encoder serves prompts in arrival order. Running prefills first would let every later
+        turn with a long enough text before its image (admitted up to it) jump a turn held
+        whole: 64 phone agents' first turns waited up to 26 s so
+        (scripts/phone_agent_schedule_sim.py). The image ``in_progress`` (its content hash)
+        is kept while anyone still needs it: switching drops the blocks run so far."""
         if self.image_ready is None:
             return None
+        candidates = []
         for req in self.running:
             if req.mm_items and req.num_computed_tokens < req.num_prompt_tokens:
                 item = self._next_unready_image(req, req.num_computed_tokens)
                 if item is not None:
-                    return req, item
+                    candidates.append((req, item))
         for req in self.waiting:
             if req.mm_items and not req.status.finished:
                 start = req.num_computed_tokens
@@ -200,9 +207,14 @@ class Scheduler:
                     start = len(self.kv.find_cached_prefix(req)) * self.kv.block_size
                 item = self._next_unready_image(req, start)
                 # the first waiting prompt with images only: until it is admitted, another
-                # image encoded now could push its own out of the encoder cache
-                return (req, item) if item is not None else None
-        return None
+                # waiting prompt's image encoded now could push its own out of the encoder cache
+                if item is not None:
+                    candidates.append((req, item))
+                break
+        for pair in candidates:
+            if pair[1].content_hash == in_progress:
+                return pair
+        return min(candidates, key=lambda pair: pair[0].arrival_time, default=None)
 
     def _next_unready_image(self, req: Request, start: int) -> MultiModalItem | None:
         """The first image (in prompt order) not ready that ends after token ``start``."""

@@ -1,0 +1,148 @@
+#!/usr/bin/env python
+"""The phone-agent load through the engine's own Scheduler and KV manager on a simulated clock:
+what the scheduling policy alone does to TTFT and agent steps/s, on a CPU in seconds.
+
+    python scripts/phone_agent_schedule_sim.py [--agents 16,64] [--steps 5]
+
+Each agent sends its turns one after another, as `bench serve --dataset phone-agent` does: a
+shared system prompt, the history, one screenshot (3,108 placeholder tokens) and the screen's
+text; once a turn has its 128 tokens, the screenshot leaves the history and the reply joins it.
+The core's loop is the engine's (engine_core.py): the encoder gets what the running requests
+leave of the step's 2,048 tokens, for the image `image_to_encode` names, a block at a time;
+then `schedule` takes the rest. A step's time is a cost model fitted to an H100's step trace
+of this load (BENCHMARKS.md, thirty-fourth session: decode-only steps ~10 ms at ~40 rows,
+steps with vision blocks ~70 ms): 6 ms, plus 0.07 ms a decode row, plus 0.03 ms a prompt token
+or vision token-equivalent (a screenshot: 2,600 of them in 24 blocks). Two tokenizers: the GPU
+bench's stand-in byte tokenizer (a ~4,700-token system prompt, replies ~4x their tokens once
+re-tokenized) and GLM's (~1,000, 1x). Prints one line a point; the device figures are the
+GPU bench's (scripts/gpu/phone_agent_bench.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from autoglm_serve.engine.core.kv_cache import KVCacheManager  # noqa: E402
+from autoglm_serve.engine.core.request import Request, RequestStatus  # noqa: E402
+from autoglm_serve.engine.core.scheduler import Scheduler  # noqa: E402
+from autoglm_serve.multimodal.inputs import MultiModalItem  # noqa: E402
+from autoglm_serve.sampling_params import SamplingParams  # noqa: E402
+
+STEP_TOKENS = 2048
+IMAGE_TOKENS, IMAGE_COST, IMAGE_BLOCKS = 3108, 2600, 24
+IMAGE_TOKEN = 151343
+TOKENIZERS = {"byte": (4700, 4), "glm": (1000, 1)}   # system prompt tokens, reply expansion
+
+
+def step_ms(decode_rows: int, prompt_tokens: int, vision_tokens: float) -> float:
+    return 6 + 0.07 * decode_rows + 0.03 * (prompt_tokens + vision_tokens)
+
+
+class Agents:
+    """The agents' conversations as token ids (distinct ids per agent and turn, so only the
+    system prompt and an agent's own history hit the prefix cache)."""
+
+    def __init__(self, agents: int, steps: int, system_tokens: int, reply_expansion: int,
+                 output_len: int):
+        self.steps, self.output_len, self.reply_expansion = steps, output_len, reply_expansion
+        self.history = {a: list(range(1000, 1000 + system_tokens)) for a in range(agents)}
+        self.turn = dict.fromkeys(range(agents), 0)
+        self.text_after = {}
+
+    def request(self, agent: int, now: float) -> Request:
+        k = self.turn[agent]
+        before = self.history[agent] + [200_000 + agent * 1000 + k * 10 + j for j in range(8)]
+        after = [300_000 + agent * 1000 + k * 10 + j for j in range(40)]
+        req = Request(f"{agent}-{k}", before + [IMAGE_TOKEN] * IMAGE_TOKENS + after,
+                      SamplingParams(), frozenset(), max_tokens=self.output_len, arrival_time=now)
+        req.mm_items = [MultiModalItem(f"image-{agent}-{k}", len(before), IMAGE_TOKENS,
+                                       torch.zeros(1, 1), (1, 2, 2))]
+        self.text_after[req.request_id] = (agent, after)
+        return req
+
+    def answered(self, req: Request) -> int | None:
+        """The screenshot leaves the history, the reply joins it; the agent's next turn, if any."""
+        agent, after = self.text_after.pop(req.request_id)
+        k = self.turn[agent]
+        reply = [400_000 + agent * 1000 + k * 10 + j % 10 + 100 * (j // 10)
+                 for j in range(self.output_len * self.reply_expansion)]
+        self.history[agent] = req.prompt_token_ids[:req.mm_items[0].offset] + after + reply
+        self.turn[agent] += 1
+        return agent if self.turn[agent] < self.steps else None
+
+
+def simulate(agents: int, steps: int, tokenizer: str, output_len: int = 128,
+             kv_blocks: int = 60_000) -> dict:
+    encoded: set[str] = set()
+    scheduler = Scheduler(KVCacheManager(kv_blocks, 16), 256, STEP_TOKENS,
+                          image_ready=lambda item: item.content_hash in encoded)
+    conversations = Agents(agents, steps, *TOKENIZERS[tokenizer], output_len)
+    now, ttfts, turns_done = 0.0, [], 0
+    cost_left: dict[str, float] = {}
+    in_progress = None
+
+    def send(agent: int) -> None:
+        req = conversations.request(agent, now)
+        cost_left[req.mm_items[0].content_hash] = IMAGE_COST
+        scheduler.add(req)
+
+    for agent in range(agents):
+        send(agent)
+    while scheduler.has_unfinished():
+        vision = 0.0
+        todo = scheduler.image_to_encode(in_progress)
+        left = STEP_TOKENS - scheduler.tokens_owed_by_running() if todo else 0
+        if todo and left > 0:
+            key = todo[1].content_hash
+            block = IMAGE_COST / IMAGE_BLOCKS
+            vision = min(max(1, int(left // block)) * block, cost_left[key])
+            cost_left[key] -= vision
+            in_progress = key if cost_left[key] > 1e-6 else None
+            if in_progress is None:
+                encoded.add(key)
+        out = scheduler.schedule(STEP_TOKENS - int(vision))
+        if out.is_empty and not vision:
+            raise RuntimeError("the scheduler stalled")
+        scheduler.update_after_launch(out.scheduled)
+        rows = sum(1 for s in out.scheduled if s.num_new_tokens == 1)
+        now += step_ms(rows, out.num_batched_tokens - rows, vision) / 1e3
+        for s in out.scheduled:
+            req = s.request
+            if not req.num_inflight:
+                continue
+            req.land_token(7)
+            if len(req.output_token_ids) == 1:
+                ttfts.append(now - req.arrival_time)
+            if len(req.output_token_ids) == req.max_tokens:
+                scheduler.finish(req, RequestStatus.FINISHED_LENGTH)
+                turns_done += 1
+                nxt = conversations.answered(req)
+                if nxt is not None:
+                    send(nxt)
+    ttfts.sort()
+    return dict(agents=agents, tokenizer=tokenizer, agent_steps_per_s=round(turns_done / now, 2),
+                ttft_p50_s=round(ttfts[len(ttfts) // 2], 2),
+                ttft_p99_s=round(ttfts[int(0.99 * (len(ttfts) - 1))], 2),
+                ttft_max_s=round(ttfts[-1], 2), simulated_s=round(now, 1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--agents", default="16,64")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--tokenizers", default="byte,glm")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    for agents in (int(a) for a in args.agents.split(",")):
+        for tokenizer in args.tokenizers.split(","):
+            print(json.dumps(simulate(agents, args.steps, tokenizer)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
