@@ -126,7 +126,8 @@ def simulate(agents: int, steps: int, tokenizer: str, output_len: int = 128,
                 if nxt is not None:
                     send(nxt)
     ttfts.sort()
-    return dict(agents=agents, tokenizer=tokenizer, agent_steps_per_s=round(turns_done / now, 2),
+    return dict(agents=agents, tokenizer=tokenizer, turns=turns_done,
+                agent_steps_per_s=round(turns_done / now, 2),
                 ttft_p50_s=round(ttfts[len(ttfts) // 2], 2),
                 ttft_p99_s=round(ttfts[int(0.99 * (len(ttfts) - 1))], 2),
                 ttft_max_s=round(ttfts[-1], 2), simulated_s=round(now, 1))
