@@ -85,12 +85,11 @@ def simulate(agents: int, steps: int, tokenizer: str, output_len: int = 128,
     conversations = Agents(agents, steps, *TOKENIZERS[tokenizer], output_len)
     now, ttfts, turns_done = 0.0, [], 0
     cost_left: dict[str, float] = {}
-    in_progress = None
+    in_progress = None      # the image whose blocks are part run
+    restarts = 0            # images begun while another's blocks were part run (lost work)
 
     def send(agent: int) -> None:
-        req = conversations.request(agent, now)
-        cost_left[req.mm_items[0].content_hash] = IMAGE_COST
-        scheduler.add(req)
+        scheduler.add(conversations.request(agent, now))
 
     for agent in range(agents):
         send(agent)
@@ -100,6 +99,9 @@ def simulate(agents: int, steps: int, tokenizer: str, output_len: int = 128,
         left = STEP_TOKENS - scheduler.tokens_owed_by_running() if todo else 0
         if todo and left > 0:
             key = todo[1].content_hash
+            if key != in_progress:      # as ImageEncoder.encode: another image starts over
+                restarts += in_progress is not None
+                cost_left[key] = IMAGE_COST
             block = IMAGE_COST / IMAGE_BLOCKS
             vision = min(max(1, int(left // block)) * block, cost_left[key])
             cost_left[key] -= vision
@@ -130,7 +132,8 @@ def simulate(agents: int, steps: int, tokenizer: str, output_len: int = 128,
                 agent_steps_per_s=round(turns_done / now, 2),
                 ttft_p50_s=round(ttfts[len(ttfts) // 2], 2),
                 ttft_p99_s=round(ttfts[int(0.99 * (len(ttfts) - 1))], 2),
-                ttft_max_s=round(ttfts[-1], 2), simulated_s=round(now, 1))
+                ttft_max_s=round(ttfts[-1], 2), simulated_s=round(now, 1),
+                images_restarted=restarts)
 
 
 def main() -> None:
