@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -108,7 +109,9 @@ def simulate(agents: int, steps: int, tokenizer: str, output_len: int = 128,
             in_progress = key if cost_left[key] > 1e-6 else None
             if in_progress is None:
                 encoded.add(key)
-        out = scheduler.schedule(STEP_TOKENS - int(vision))
+        # as EngineCore._encode_images: the blocks run may cost more than was left (at least
+        # one runs), but the step's prompts lose only what was left
+        out = scheduler.schedule(STEP_TOKENS - min(math.ceil(vision), left))
         if out.is_empty and not vision:
             raise RuntimeError("the scheduler stalled")
         scheduler.update_after_launch(out.scheduled)

@@ -4,7 +4,7 @@ ones for the vision encoder. 64 agents' 320 turns run in ~69 simulated seconds; 
 the 64 first turns, which arrive together, gets its first token after ~13 s. When the encoder
 took running prefills' images first, the later turns that were admitted up to their
 screenshot kept passing first turns held whole (and dropped their half-encoded screenshots):
-their TTFT reached 34-47 s."""
+their TTFT p99 reached 34-53 s."""
 import sys
 from pathlib import Path
 

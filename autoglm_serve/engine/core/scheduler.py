@@ -190,7 +190,7 @@ class Scheduler:
         encoder serves prompts in arrival order. Running prefills first would let every later
         turn with a long enough text before its image (admitted up to it) jump a turn held
         whole, and drop its half-encoded image: 64 phone agents' first turns waited up to
-        34-47 s so (scripts/phone_agent_schedule_sim.py). The image ``in_progress`` (its
+        34-53 s so (scripts/phone_agent_schedule_sim.py). The image ``in_progress`` (its
         content hash) is kept while anyone still needs it: switching drops the blocks run."""
         if self.image_ready is None:
             return None
