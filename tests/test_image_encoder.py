@@ -110,3 +110,44 @@ def test_many_waiting_screenshots_are_each_encoded_once(checkpoint):
     assert [len(o.outputs[0].token_ids) for o in outs] == [4] * 6
     assert core.runner.images.blocks_run == 6 * len(core.runner.model.visual.blocks)
     assert core.runner.encoder_cache.misses == 6
+
+
+def test_an_aborted_prompts_part_run_image_is_freed_unless_another_needs_it(checkpoint):
+    """Aborting the request whose screenshot is half encoded frees the encoding's states at
+    once (they stayed until another image began, on an idle server for good); a request
+    still waiting for the same image keeps it, and it is encoded once for that request."""
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    llm = LLM(str(checkpoint), dtype="float32", block_size=16, max_model_len=2048,
+              max_num_batched_tokens=16, max_num_seqs=8, num_kv_blocks=256)
+    core, eng = llm.engine.core, llm.engine
+    images = core.runner.images
+    depth = len(core.runner.model.visual.blocks)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+
+    def step_until_part_run():
+        before = images.blocks_run
+        while images.in_progress is None:
+            eng.step()
+        assert 0 < images.blocks_run - before < depth
+
+    eng.add_request("alone", _agent_prompt(llm, tokenizer, 2), params)
+    step_until_part_run()
+    eng.abort("alone")
+    assert images.in_progress is None
+    while eng.has_unfinished():
+        eng.step()
+    assert core.kv.num_free_blocks == core.kv.num_blocks
+
+    run_before = images.blocks_run
+    eng.add_request("first", _agent_prompt(llm, tokenizer, 3), params)
+    eng.add_request("twin", _agent_prompt(llm, tokenizer, 3), params)
+    step_until_part_run()
+    eng.abort("first")
+    assert images.in_progress is not None        # "twin" needs the same screenshot
+    outs = []
+    while eng.has_unfinished():
+        outs += [o for o in eng.step() if o.request_id == "twin" and o.finished]
+    assert len(outs) == 1 and len(outs[0].outputs[0].token_ids) == 4
+    assert images.blocks_run - run_before == depth      # not restarted: encoded once
+    assert core.kv.num_free_blocks == core.kv.num_blocks

@@ -215,8 +215,24 @@ class EngineCore:
                 self.runner.prompt_logprob_ids.discard(rid)
                 if not self.grammars.discard(rid):    # not in the scheduler while compiling
                     self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
+                self._drop_orphaned_encoding(req)
                 aborted.append(rid)
         return aborted
+
+    def _drop_orphaned_encoding(self, gone: Request) -> None:
+        """Frees the part-run encoding of an image that only this finished request needed:
+        its states (~80 MB for a screenshot) would otherwise stay until the encoder begins
+        another image, which may be never on an idle server."""
+        images = self.runner.images
+        if images is None or images.in_progress is None:
+            return
+        content_hash = images.in_progress
+        if not any(item.content_hash == content_hash for item in gone.mm_items):
+            return
+        if any(item.content_hash == content_hash
+               for req in self.requests.values() for item in req.mm_items):
+            return
+        images.reset()
 
     def has_unfinished(self) -> bool:
         return (self.scheduler.has_unfinished() or self._inflight is not None
@@ -242,6 +258,7 @@ class EngineCore:
         self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
         self.runner.prompt_logprob_ids.discard(req.request_id)
         self.requests.pop(req.request_id, None)
+        self._drop_orphaned_encoding(req)
         self._failed.append(CoreOutput(req.request_id, [], None, "error", error=error))
 
     def _isolated_step(self) -> list[CoreOutput]:
