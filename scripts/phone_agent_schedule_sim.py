@@ -85,8 +85,8 @@ def simulate(agents: int, steps: int, tokenizer: str, output_len: int = 128,
                           image_ready=lambda item: item.content_hash in encoded)
     conversations = Agents(agents, steps, *TOKENIZERS[tokenizer], output_len)
     now, ttfts, turns_done = 0.0, [], 0
-    cost_left: dict[str, float] = {}
     in_progress = None      # the image whose blocks are part run
+    cost_left = 0.0         # ...and what its remaining blocks cost
     restarts = 0            # images begun while another's blocks were part run (lost work)
 
     def send(agent: int) -> None:
@@ -102,11 +102,11 @@ def simulate(agents: int, steps: int, tokenizer: str, output_len: int = 128,
             key = todo[1].content_hash
             if key != in_progress:      # as ImageEncoder.encode: another image starts over
                 restarts += in_progress is not None
-                cost_left[key] = IMAGE_COST
+                cost_left = IMAGE_COST
             block = IMAGE_COST / IMAGE_BLOCKS
-            vision = min(max(1, int(left // block)) * block, cost_left[key])
-            cost_left[key] -= vision
-            in_progress = key if cost_left[key] > 1e-6 else None
+            vision = min(max(1, int(left // block)) * block, cost_left)
+            cost_left -= vision
+            in_progress = key if cost_left > 1e-6 else None
             if in_progress is None:
                 encoded.add(key)
         # as EngineCore._encode_images: the blocks run may cost more than was left (at least
