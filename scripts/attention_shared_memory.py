@@ -3,10 +3,11 @@
     python3 scripts/attention_shared_memory.py [--arch 86,89,90]
 
 AutoGLM-Phone-9B's attention (32 query heads, 2 KV heads, head_dim 128, bf16 cache, block 16):
-the decode and prefill kernels compiled by triton.compile for each sm_ARCH, with the tiles and
-pipeline depth the launchers pick and the launch's own specialization (16-byte aligned pointers,
-strides that are multiples of 16, the block table's row stride left unspecialized). Prints one
-line per kernel and arch: `sm_89 decode 39116 bytes`. A program that needs more shared memory
+the decode and prefill kernels compiled by triton.compile for each sm_ARCH (from sm_90 also the
+prefill's TMA variant, for pages of 64 tokens), with the tiles and pipeline depth the launchers
+pick and the launch's own specialization (16-byte aligned pointers, strides that are multiples
+of 16, the block table's row stride left unspecialized). Prints one line per kernel and arch:
+`sm_89 decode 39116 bytes`. A program that needs more shared memory
 than the card allows fails at its first launch, so this is the check that the tiles tuned on an
 H200 (227 KB a program) still run on the 24 GB cards our users have (sm_86 RTX 3090 / A10,
 sm_89 RTX 4090 / L4: 99 KB).
@@ -31,8 +32,15 @@ INT_POINTERS = ("counters_ptr", "block_tables_ptr", "seq_lens_ptr", "query_start
 
 def compile_for(kernel, constexprs: dict, arch: int, num_warps: int, num_stages: int):
     sig = {}
+    constexprs = dict(constexprs)
     for name in kernel.arg_names:
-        if name in constexprs:
+        if name == "kv_desc":   # the TMA descriptor of the prefill's K/V boxes, or None
+            if constexprs["TMA"]:
+                sig[name] = f"tensordesc<bf16[{constexprs['BLOCK_N']},{HEAD_DIM}]>"
+            else:
+                constexprs[name] = None
+                sig[name] = "constexpr"
+        elif name in constexprs:
             sig[name] = "constexpr"
         elif name.endswith("_ptr"):
             sig[name] = ("*fp32" if name.startswith(("part_", "cos_", "sin_")) else
@@ -65,6 +73,11 @@ def shared_memory(arch: int) -> dict[str, int]:
     prefill = pa.prefill_shape(*heads)
     out["prefill"] = compile_for(pa._prefill_kernel, prefill.constexprs, arch,
                                  prefill.num_warps, prefill.num_stages).metadata.shared
+    if arch >= 90:   # TMA: the K/V tiles as boxes of pages of 64 tokens (--block-size 64)
+        tma = pa.prefill_shape(HEADS, KV_HEADS, HEAD_DIM, 64, torch.bfloat16, torch.bfloat16,
+                               pa.PREFILL_TMA_TILES, True)
+        out["prefill-tma"] = compile_for(pa._prefill_kernel, tma.constexprs, arch,
+                                         tma.num_warps, tma.num_stages).metadata.shared
     return out
 
 

@@ -39,9 +39,10 @@ def test_kv_cache_dtype_is_validated():
         EngineConfig(kv_cache_dtype="int4")
 
 
-def test_triton_kernels_read_an_fp8_cache(monkeypatch):
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_triton_kernels_read_an_fp8_cache(monkeypatch, block_size):
     """Decode and prefill kernels (Triton interpreter on CPU, compiled on CUDA) on an fp8 cache
-    against the PyTorch backend on the same cache."""
+    against the PyTorch backend on the same cache (pages of 64: the prefill's TMA boxes)."""
     triton = pytest.importorskip("triton")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and not triton.knobs.runtime.interpret:
@@ -53,7 +54,7 @@ def test_triton_kernels_read_an_fp8_cache(monkeypatch):
     if device == "cpu":
         fix_interpreter(monkeypatch)
     b = make_batch([1, 37, 300], [(20, 9), (0, 17)], num_heads=8, num_kv_heads=2, head_dim=32,
-                   block_size=16, dtype=torch.bfloat16, device=device)
+                   block_size=block_size, dtype=torch.bfloat16, device=device)
     cache = b.kv_cache.nan_to_num(0.0).to(torch.float8_e4m3fn)
     ref_cache = cache.clone()
     out = TritonAttentionBackend().forward(b.q, b.k, b.v, cache, b.meta, b.scale)

@@ -90,9 +90,10 @@ def test_prefill_without_prefix(backend, dtype, block_size):
     check_backend(backend, b)
 
 
-@pytest.mark.parametrize("block_size", [16, 32, 64])
+@pytest.mark.parametrize("block_size", [16, 32, 64, 128])
 def test_prefill_with_cached_prefix(backend, block_size):
-    # Chunked prefill / prefix-cache hits: prefixes ending mid-page and on page boundaries.
+    # Chunked prefill / prefix-cache hits: prefixes ending mid-page and on page boundaries
+    # (pages of 64 and 128: TMA boxes on a Hopper GPU).
     prefills = [(4096, 4096), (64, 1), (31, 33), (block_size, 100)] + \
         [(c, n) for c, n in zip(_lens(1, 5000, 3), _lens(1, 700, 3))]
     b = make_batch([], prefills, block_size=block_size, dtype=torch.bfloat16, device=DEV,

@@ -146,6 +146,19 @@ def test_prefill_with_cached_prefix(backend, block_size):
     check_backend(backend, b)
 
 
+@pytest.mark.parametrize("dtype,block_size", [(torch.float32, 64), (torch.bfloat16, 64),
+                                              (torch.bfloat16, 128)])
+def test_prefill_through_tma_boxes(backend, dtype, block_size):
+    # Pages of whole key tiles: each K/V tile is one TMA box (interpreted here); a page's slots
+    # past its sequence hold NaN, which the causal tiles load and must keep out of the output.
+    # AutoGLM's GQA group of 16, so a tile's 128 rows are 8 tokens.
+    from autoglm_serve.kernels.paged_attention import prefill_tma_supported
+    b = make_batch([7], [(5, 20), (64, 9), (150, 33), (0, 130)], num_heads=32, num_kv_heads=2,
+                   head_dim=32, block_size=block_size, dtype=dtype, device="cpu")
+    assert prefill_tma_supported(b.kv_cache, dtype)
+    check_backend(backend, b)
+
+
 @pytest.mark.parametrize("head_dim", [16, 24, 80])
 def test_non_power_of_two_head_dims(backend, head_dim):
     b = make_batch([40], [(10, 12)], num_heads=6, num_kv_heads=2, head_dim=head_dim,
