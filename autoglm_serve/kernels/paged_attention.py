@@ -629,8 +629,11 @@ def prefill_tma_supported(kv_cache: torch.Tensor, q_dtype: torch.dtype,
                           tiles: PrefillTiles = PREFILL_TMA_TILES) -> bool:
     """Whether the prefill kernel can load its K/V tiles by TMA from this cache: a Hopper or
     later GPU (or the interpreter on a CPU, for the tests), pages of a whole number of key
-    tiles, and a contiguous cache whose head_dim is a power of two (one box a tile)."""
-    if kv_cache.device.type == "cuda" and not _has_tma(kv_cache.device):
+    tiles, and a contiguous cache whose head_dim is a power of two (one box a tile). On a GPU
+    the cache must be in q's dtype: an fp8 cache's boxes compile for sm_90 and pass in the
+    interpreter but have not run on a GPU yet, so it keeps the token-by-token loads there."""
+    if kv_cache.device.type == "cuda" and (not _has_tma(kv_cache.device)
+                                           or kv_cache.dtype != q_dtype):
         return False
     head_dim, block_size = kv_cache.shape[4], kv_cache.shape[3]
     block_n = _prefill_block_n(tiles, q_dtype)
