@@ -25,6 +25,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from autoglm_serve.kernels import paged_attention as pa  # noqa: E402
+from autoglm_serve.kernels import paged_prefill as pp  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 2, 128, 16
 INT_POINTERS = ("counters_ptr", "block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr")
@@ -70,13 +71,13 @@ def shared_memory(arch: int) -> dict[str, int]:
                                  HEAD_DIM // 4, True)
         out[name] = compile_for(pa._decode_kernel, dict(decode.constexprs, PDL=arch >= 90),
                                 arch, decode.num_warps, decode.num_stages).metadata.shared
-    prefill = pa.prefill_shape(*heads)
-    out["prefill"] = compile_for(pa._prefill_kernel, prefill.constexprs, arch,
+    prefill = pp.prefill_shape(*heads)
+    out["prefill"] = compile_for(pp._prefill_kernel, prefill.constexprs, arch,
                                  prefill.num_warps, prefill.num_stages).metadata.shared
     if arch >= 90:   # TMA: the K/V tiles as boxes of pages of 64 tokens (--block-size 64)
-        tma = pa.prefill_shape(HEADS, KV_HEADS, HEAD_DIM, 64, torch.bfloat16, torch.bfloat16,
-                               pa.PREFILL_TMA_TILES, True)
-        out["prefill-tma"] = compile_for(pa._prefill_kernel, tma.constexprs, arch,
+        tma = pp.prefill_shape(HEADS, KV_HEADS, HEAD_DIM, 64, torch.bfloat16, torch.bfloat16,
+                               pp.PREFILL_TMA_TILES, True)
+        out["prefill-tma"] = compile_for(pp._prefill_kernel, tma.constexprs, arch,
                                          tma.num_warps, tma.num_stages).metadata.shared
     return out
 

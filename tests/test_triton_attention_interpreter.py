@@ -152,7 +152,7 @@ def test_prefill_through_tma_boxes(backend, dtype, block_size):
     # Pages of whole key tiles: each K/V tile is one TMA box (interpreted here); a page's slots
     # past its sequence hold NaN, which the causal tiles load and must keep out of the output.
     # AutoGLM's GQA group of 16, so a tile's 128 rows are 8 tokens.
-    from autoglm_serve.kernels.paged_attention import prefill_tma_supported
+    from autoglm_serve.kernels.paged_prefill import prefill_tma_supported
     b = make_batch([7], [(5, 20), (64, 9), (150, 33), (0, 130)], num_heads=32, num_kv_heads=2,
                    head_dim=32, block_size=block_size, dtype=dtype, device="cpu")
     assert prefill_tma_supported(b.kv_cache, dtype)

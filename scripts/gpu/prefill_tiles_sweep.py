@@ -28,7 +28,7 @@ import torch  # noqa: E402
 from gemv_sweep import use_interpreter_fixes  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
-from autoglm_serve.kernels.paged_attention import (  # noqa: E402
+from autoglm_serve.kernels.paged_prefill import (  # noqa: E402
     PREFILL_TILES, PREFILL_TMA_TILES, PrefillTiles, prefill_attention, prefill_tma_supported)
 from paged_attention_cases import make_batch, rel_err  # noqa: E402
 

@@ -22,7 +22,8 @@ import torch
 from autoglm_serve.kernels import fused_ops_enabled
 from autoglm_serve.kernels.kv_write import rotate_and_write_kv_cache, write_kv_cache
 from autoglm_serve.kernels.paged_attention import (DecodeSplit, NewTokenKV, decode_attention,
-                                                   decode_split, prefill_attention)
+                                                   decode_split)
+from autoglm_serve.kernels.paged_prefill import prefill_attention
 from autoglm_serve.models.layers.attention import AttentionBackend, AttentionMetadata, Rope
 
 logger = logging.getLogger(__name__)
