@@ -7,10 +7,9 @@ the decode and prefill kernels compiled by triton.compile for each sm_ARCH (from
 prefill's TMA variant, for pages of 64 tokens), with the tiles and pipeline depth the launchers
 pick and the launch's own specialization (16-byte aligned pointers, strides that are multiples
 of 16, the block table's row stride left unspecialized). Prints one line per kernel and arch:
-`sm_89 decode 39116 bytes`. A program that needs more shared memory
-than the card allows fails at its first launch, so this is the check that the tiles tuned on an
-H200 (227 KB a program) still run on the 24 GB cards our users have (sm_86 RTX 3090 / A10,
-sm_89 RTX 4090 / L4: 99 KB).
+`sm_89 decode 39116 bytes`. A program that needs more shared memory than the card allows fails
+at its first launch, so this is the check that the tiles tuned on an H200 (227 KB a program)
+still run on the 24 GB cards our users have (sm_86 RTX 3090 / A10, sm_89 RTX 4090 / L4: 99 KB).
 """
 from __future__ import annotations
 

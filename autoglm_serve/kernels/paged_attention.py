@@ -100,9 +100,9 @@ class KernelShape(NamedTuple):
 
 @triton.jit
 def attend_range(acc, l_i, m_i, q, k_base, v_base, table_row, q_pos, lo, hi, scale_log2,
-                  stride_c_block, stride_c_tok,
-                  CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+                 stride_c_block, stride_c_tok,
+                 CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
     """Fold context tokens [lo, hi) into the running (acc, l_i, m_i) of the rows of q.
 
     Token n lives in page table_row[n // BLOCK_SIZE] at offset n % BLOCK_SIZE; looking the page

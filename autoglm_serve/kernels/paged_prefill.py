@@ -70,7 +70,6 @@ def _attend_pages(acc, l_i, m_i, q, kv_desc, table_row, q_pos, seq_len, head_row
     return acc, l_i, m_i
 
 
-
 # seq_offset (the step's decode count), num_q_tiles and the block table's row stride change
 # every step: left unspecialized, or each new value class (1, a multiple of 16, other) would
 # compile the kernel again (~1 s) in the middle of serving.
