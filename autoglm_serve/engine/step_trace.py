@@ -5,7 +5,10 @@ when it ended (wall clock, so a client's run windows select its steps), how long
 over it, and what it carried: decode rows, prompt tokens and the prompts they came from, the
 vision tower's share in token-equivalents, and the queue after it. With async scheduling a
 step's time is mostly the wait for the one before it to finish on the device, so on a busy GPU
-it is that step's device time. On a GPU a line also counts the caching allocator's cudaFree
+it is that step's device time. The launch's CPU time on the core's thread tells Python work from
+blocking: an eager prompt step's launch is CPU (~20-30 ms of it on the H100 machine's CPU, the
+BENCHMARKS.md of 2026-12-07), and where that is longer than the step before it on the device,
+the device waits for the host. On a GPU a line also counts the caching allocator's cudaFree
 calls and retries during the step: each frees cached blocks and synchronizes the device, so a
 step that launches into a full cache waits there for everything queued before it.
 """
@@ -26,6 +29,7 @@ class StepRecord:
     encode_s: float                # running them (launches, unless something syncs)
     schedule_s: float
     launch_s: float                # the step's inputs and launches (and its update)
+    launch_cpu_s: float            # of which this thread's CPU time: the rest it was blocked
     wait_s: float                  # completing the step before: mostly the wait for the device
     sync_s: float | None           # completing this step at once (None: left in flight)
 
@@ -68,6 +72,7 @@ class StepTrace:
                         encode_ms=round(1e3 * record.encode_s, 3),
                         schedule_ms=round(1e3 * record.schedule_s, 3),
                         launch_ms=round(1e3 * record.launch_s, 3),
+                        launch_cpu_ms=round(1e3 * record.launch_cpu_s, 3),
                         wait_ms=round(1e3 * record.wait_s, 3),
                         sync_ms=None if record.sync_s is None else round(1e3 * record.sync_s, 3))
         line.update(self._allocator_syncs())

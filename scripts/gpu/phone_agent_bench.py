@@ -106,6 +106,7 @@ def trace_summary(path: str, start: float, end: float) -> dict:
         steps=len(steps), step_p50_ms=ms[len(ms) // 2], step_p99_ms=ms[int(0.99 * (len(ms) - 1))],
         step_max_ms=ms[-1], steps_over_40ms=sum(1 for m in ms if m > 40),
         decode_only_s=seconds(decode_only), prompt_s=seconds(prompt), encoder_s=seconds(encoder),
+        launch_cpu_s=sum(s.get("launch_cpu_ms", 0.0) for s in steps) / 1e3,
         idle_s=max(0.0, (end - start) - seconds(steps)),
         decode_only_ms_mean=1e3 * seconds(decode_only) / max(1, len(decode_only)),
         decode_rows_mean=statistics.mean(s["decode_rows"] for s in steps),
@@ -124,8 +125,8 @@ def slow_decode_steps(steps: list[dict]) -> dict:
     median = lambda key, rows: statistics.median(r.get(key) or 0 for r in rows)  # noqa: E731
     this = [steps[i] for i in slow]
     before = [steps[i - 1] for i in slow if i > 0] or this
-    fields = ("ms", "encode_ms", "schedule_ms", "launch_ms", "wait_ms", "decode_rows",
-              "prompt_tokens", "encoder_tokens")
+    fields = ("ms", "encode_ms", "schedule_ms", "launch_ms", "launch_cpu_ms", "wait_ms",
+              "decode_rows", "prompt_tokens", "encoder_tokens")
     return dict(count=len(slow), **{f"{k}_median": median(k, this) for k in fields},
                 **{f"before_{k}_median": median(k, before)
                    for k in ("ms", "decode_rows", "prompt_tokens", "encoder_tokens")},

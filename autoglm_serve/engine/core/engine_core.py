@@ -295,7 +295,7 @@ class EngineCore:
         encoded = self._encode_images(budget)
         t1 = time.perf_counter()
         sched = self.scheduler.schedule(budget - encoded)
-        t2 = time.perf_counter()
+        t2, cpu2 = time.perf_counter(), time.thread_time()
         launched = None
         if not sched.is_empty:
             try:
@@ -308,7 +308,7 @@ class EngineCore:
             else:
                 self.scheduler.update_after_launch(sched.scheduled)
                 self.isolation.steps_succeeded()
-        t3 = time.perf_counter()
+        t3, launch_cpu = time.perf_counter(), time.thread_time() - cpu2
         outputs = self._complete(self._inflight) if self._inflight is not None else []
         t4 = time.perf_counter()
         self._inflight = launched
@@ -316,8 +316,8 @@ class EngineCore:
         if synced:
             outputs += self._complete(launched)
             self._inflight = None
-        self.last_step = StepRecord(sched, encoded, t1 - t0, t2 - t1, t3 - t2, t4 - t3,
-                                    time.perf_counter() - t4 if synced else None)
+        self.last_step = StepRecord(sched, encoded, t1 - t0, t2 - t1, t3 - t2, launch_cpu,
+                                    t4 - t3, time.perf_counter() - t4 if synced else None)
         return outputs
 
     def _step_budget(self) -> int:
