@@ -9,6 +9,7 @@ _DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float
            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "half": torch.float16, "fp16": torch.float16}
 
+CUDAGRAPH_MODES = ("full_and_piecewise", "full_decode_only")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 
 
@@ -33,6 +34,10 @@ class EngineConfig:
     num_kv_blocks: int | None = None          # exact block count (tests, tuning)
     seed: int = 0
     enforce_eager: bool = False
+    # CUDA graphs with the Triton backend (vLLM's modes): full_decode_only, whole graphs for
+    # decode-only steps; full_and_piecewise, also graphs split at attention for steps with
+    # prompt tokens (engine/core/prompt_graphs.py: less host time a step, ~0.4 GiB more)
+    cudagraph_mode: str = "full_decode_only"
     async_scheduling: bool | None = None      # prepare step N+1 while the device runs step N;
                                               # None: on a GPU only
     tensor_parallel_size: int = 1             # ranks, one process and device each
@@ -82,6 +87,9 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
                              f"not {self.kv_cache_dtype!r}")
+        if self.cudagraph_mode not in CUDAGRAPH_MODES:
+            raise ValueError(f"cudagraph_mode must be one of {', '.join(CUDAGRAPH_MODES)}, not "
+                             f"{self.cudagraph_mode!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError("attention_backend must be auto, torch or triton")
 

@@ -34,7 +34,7 @@ SAMPLING = {"greedy": {}, "open-autoglm": dict(top_p=0.85, frequency_penalty=0.2
 
 
 def run(path, dtype, backend, eager, store, sampling="greedy", quantization=None,
-        on_start=lambda: None, logprobs=None, block_size=16):
+        on_start=lambda: None, logprobs=None, block_size=16, cudagraph_mode="full_decode_only"):
     """The reference (torch backend) runs in plain PyTorch: the fused kernels off. on_start:
     called once the engine is up (its self-checks and graph captures done). Returns the
     engine and each prompt's (request id, completion)."""
@@ -44,7 +44,8 @@ def run(path, dtype, backend, eager, store, sampling="greedy", quantization=None
     try:
         llm = LLM(str(path), skip_tokenizer_init=True, dtype=dtype, attention_backend=backend,
                   enforce_eager=eager, block_size=block_size, max_num_batched_tokens=128,
-                  kv_cache_memory_gib=1, max_num_seqs=32, quantization=quantization)
+                  kv_cache_memory_gib=1, max_num_seqs=32, quantization=quantization,
+                  cudagraph_mode=cudagraph_mode)
         llm.engine.core.runner.logits_hook = lambda reqs, logits: [
             store.setdefault(r.request_id, []).append(logits[i].float().cpu())
             for i, r in enumerate(reqs)]
@@ -69,12 +70,16 @@ ARCHS = ["llama", "glm4", "glm4-real-shapes"]
 def test_fast_path_matches_reference_fp32(tmp_path, arch, sampling):
     """In float32 every kernel is exact up to summation order: tokens identical at every step,
     also with Open-AutoGLM's penalty (device-side counts on the async path, against the
-    reference's eager steps)."""
+    reference's eager steps), prompt steps through their piecewise graphs."""
     path = build(tmp_path, arch)
     ref_logits, fast_logits = {}, {}
     _, ref = run(path, "float32", "torch", True, ref_logits, sampling)
-    llm, fast = run(path, "float32", "triton", False, fast_logits, sampling)
-    assert llm.engine.core.runner.graphs is not None
+    llm, fast = run(path, "float32", "triton", False, fast_logits, sampling,
+                    cudagraph_mode="full_and_piecewise")
+    runner = llm.engine.core.runner
+    # decode steps replayed whole, steps with prompt chunks (up to 128 tokens, decodes beside
+    # them) piece by piece between their attentions
+    assert runner.graphs is not None and runner.prompt_graphs.replays > 0
     for (rid_a, a), (rid_b, b) in zip(ref, fast):
         assert a.token_ids == b.token_ids
         for x, y in zip(ref_logits[rid_a], fast_logits[rid_b]):
@@ -237,3 +242,64 @@ def test_decode_graphs_keep_one_batch_of_logits_and_the_memory_plan_counts_them(
     outs = llm.generate([[3 + i, 4, 5] for i in range(40)],
                         SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     assert all(len(o.outputs[0].token_ids) == 4 for o in outs)
+
+
+def _png_url(k: int, width: int, height: int) -> str:
+    import base64
+    import io
+
+    from PIL import Image
+    image = Image.new("RGB", (width, height), (40 * k % 256, 90, 160))
+    image.paste((255, 255 - 60 * k % 256, 0), (k * 7, k * 5, k * 7 + 30, k * 5 + 20))
+    buf = io.BytesIO()
+    image.save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def test_image_steps_through_prompt_graphs_match_eager_prompts(tmp_path):
+    """GLM-4.1V with screenshots: prompt steps through the piecewise graphs (the image features
+    merged into the static input embeddings, M-RoPE positions) give the same greedy tokens in
+    float32 as prompt steps run eagerly (cudagraph_mode full_decode_only)."""
+    from tests.glm4v_fixtures import make_tiny_glm4v
+    path = make_tiny_glm4v(tmp_path / "glm4v")
+    conversations = [[{"role": "user", "content": [
+        {"type": "text", "text": f"step {k}: " + "tap the button. " * (3 * k + 1)},
+        {"type": "image_url", "image_url": {"url": _png_url(k, 112 + 28 * k, 140)}},
+        {"type": "text", "text": "what next?"}]}] for k in range(4)]
+    tokens = {}
+    for mode in ("full_and_piecewise", "full_decode_only"):
+        llm = LLM(str(path), dtype="float32", block_size=16, max_model_len=512,
+                  max_num_batched_tokens=64, kv_cache_memory_gib=1, cudagraph_mode=mode)
+        outs = llm.chat(conversations, SamplingParams(temperature=0, max_tokens=12,
+                                                      ignore_eos=True))
+        tokens[mode] = [o.outputs[0].token_ids for o in outs]
+        graphs = llm.engine.core.runner.prompt_graphs
+        assert (graphs is not None and graphs.replays > 0) == (mode == "full_and_piecewise")
+        del llm
+    assert tokens["full_and_piecewise"] == tokens["full_decode_only"]
+
+
+def test_prompt_graphs_memory_is_in_the_memory_plan(tmp_path):
+    """What the prompt steps' graphs hold once captured (static buffers, and their pool's
+    reserved memory) is what the start-up memory plan counts for them, within rounding."""
+    from autoglm_serve.engine.core.worst_step import profile_worst_step
+    path = build(tmp_path, "glm4-real-shapes")
+    llm = LLM(str(path), skip_tokenizer_init=True, dtype="bfloat16", block_size=16,
+              max_num_batched_tokens=2048, kv_cache_memory_gib=1, max_num_seqs=32,
+              cudagraph_mode="full_and_piecewise")
+    runner = llm.engine.core.runner
+    assert runner.prompt_graphs.max_size == 1024    # larger prompt steps run eagerly
+    planned = profile_worst_step(runner, prompt_graphs=True)["prompt graphs"]
+    runner.prompt_graphs = None
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    runner.prompt_graphs = runner.new_prompt_graphs()
+    runner.prompt_graphs.capture()
+    torch.cuda.empty_cache()    # the warm-ups' blocks; the graphs' pool stays reserved
+    held = torch.cuda.memory_reserved() - before
+    assert 0.8 * held <= planned <= 1.5 * held, (planned, held)
+    outs = llm.generate([[3 + i, 4, 5] * 30 for i in range(6)],     # 540 tokens: one step
+                        SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert all(len(o.outputs[0].token_ids) == 4 for o in outs)
+    assert runner.prompt_graphs.replays > 0

@@ -142,7 +142,7 @@ class EngineCore:
             if self.workers is not None:
                 capture = bool(self.workers.agree_min(int(capture)))
             if capture:
-                self.runner.capture_cuda_graphs()
+                self.runner.capture_cuda_graphs(self.runner.wants_prompt_graphs(config))
             warm_up(self)
             compile_watch.watch()
 

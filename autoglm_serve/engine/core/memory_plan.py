@@ -5,8 +5,8 @@ On a GPU the KV cache takes what is left of the process' share of the device (th
 the encoder cache's full budget and the peak activations of the worst step are counted. The
 worst step is measured, not guessed (engine/core/worst_step.py): the largest image the image
 settings allow through the vision tower, a forward over max_num_batched_tokens, and the sampler
-at max_num_seqs rows with every buffer it can build; what the decode CUDA graphs keep once
-captured is measured there too and held beside it. A configuration that leaves the KV cache
+at max_num_seqs rows with every buffer it can build; what the CUDA graphs (decode, and prompt
+steps' pieces) keep once captured is measured there too and held beside it. A configuration that leaves the KV cache
 too small for one max_model_len request fails the start with the breakdown and what would fit.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from autoglm_serve.engine.core.image_embedding import encoder_cache_bytes
 from autoglm_serve.engine.core.model_setup import LoadedModel
 from autoglm_serve.engine.core.runner import ModelRunner
 from autoglm_serve.engine.core.sampler import group_elements_for
-from autoglm_serve.engine.core.worst_step import profile_worst_step
+from autoglm_serve.engine.core.worst_step import GRAPH_PARTS, profile_worst_step
 from autoglm_serve.loader.model_path import processor_defaults
 from autoglm_serve.multimodal.inputs import MultiModalItem
 
@@ -72,9 +72,11 @@ def _profile_cuda(config: EngineConfig, runner: ModelRunner, device: torch.devic
     runner.sampler.group_elements = group_elements_for(limit)
     runner.allocate_kv_cache(1)
     image = largest_image(config, loaded) if runner.images is not None else None
-    peaks = profile_worst_step(runner, image, decode_graphs=runner.wants_cuda_graphs(config))
-    graphs = peaks.get("decode graphs", 0)      # held once captured, beside every step
-    activation = max(v for k, v in peaks.items() if k != "decode graphs") + graphs
+    peaks = profile_worst_step(runner, image, decode_graphs=runner.wants_cuda_graphs(config),
+                               prompt_graphs=runner.wants_prompt_graphs(config))
+    # held once captured, beside every step
+    graphs = peaks.get("decode graphs", 0) + peaks.get("prompt graphs", 0)
+    activation = max(v for k, v in peaks.items() if k not in GRAPH_PARTS) + graphs
     if image is not None:
         # an image's encoding in progress is held across steps, beside any step's peak
         peaks["vision state"] = runner.images.state_bytes(image)
@@ -89,7 +91,7 @@ def _profile_cuda(config: EngineConfig, runner: ModelRunner, device: torch.devic
     encoder = encoder_cache_bytes(runner.model, runner.encoder_cache, device)
     budget = max(0, int(limit - used - activation - encoder))
     breakdown = (f"of {limit / 2**30:.2f} GiB: {used / 2**30:.2f} GiB weights and runtime, "
-                 f"{activation / 2**30:.2f} GiB the worst step's activations and the decode "
+                 f"{activation / 2**30:.2f} GiB the worst step's activations and the CUDA "
                  f"graphs ({graphs / 2**30:.2f} GiB of it), "
                  f"{encoder / 2**30:.2f} GiB the encoder cache, {budget / 2**30:.2f} GiB "
                  "the KV cache")

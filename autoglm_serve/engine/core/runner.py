@@ -106,6 +106,7 @@ class ModelRunner:
         self.images = (ImageEncoder(model, self.encoder_cache, device)
                        if self.encoder_cache is not None else None)
         self.graphs = None      # DecodeGraphs once captured (CUDA, triton backend)
+        self.prompt_graphs = None   # PromptGraphs once captured (also cudagraph_mode piecewise)
         self.block_table: BlockTable | None = None      # the KV manager's, set by the core
         self._prev_tokens: torch.Tensor | None = None   # the last launched step's samples
         self._prev_rows: dict[str, int] = {}
@@ -185,11 +186,30 @@ class ModelRunner:
     def wants_cuda_graphs(self, config) -> bool:
         return not config.enforce_eager and self.backend.name == "triton"
 
-    def capture_cuda_graphs(self) -> None:
+    def wants_prompt_graphs(self, config) -> bool:
+        """Piecewise graphs for prompt steps too (config.cudagraph_mode); not under tensor
+        parallelism, whose steps run on every rank."""
+        return (self.wants_cuda_graphs(config) and config.cudagraph_mode == "full_and_piecewise"
+                and self.workers is None and config.tensor_parallel_size == 1)
+
+    def new_prompt_graphs(self):
+        from autoglm_serve.engine.core.prompt_graphs import PromptGraphs
+        return PromptGraphs(self.model, self.attention_layers, self.device, self.dtype,
+                            self.max_num_tokens, self.max_model_len, self.max_blocks_per_seq,
+                            self.uses_mrope)
+
+    def capture_cuda_graphs(self, prompt_graphs: bool = False) -> None:
         from autoglm_serve.engine.core.cuda_graphs import DecodeGraphs
         self.graphs = DecodeGraphs(self.model, self.backend, self.device, self.max_num_seqs,
                                    self.max_blocks_per_seq, self.uses_mrope)
         self.graphs.capture(self.max_model_len)
+        if prompt_graphs:
+            self.prompt_graphs = self.new_prompt_graphs()
+            self.prompt_graphs.capture()
+            graphs = self.prompt_graphs
+            logger.info("captured piecewise CUDA graphs for prompt steps (%d sizes, %d..%d "
+                        "tokens, %d pieces each) in %.1f s", len(graphs.sizes), graphs.sizes[0],
+                        graphs.max_size, len(graphs.layers) + 1, graphs.capture_seconds)
 
     def _logits(self, hb: HostBatch, images: ImageStep | None) -> torch.Tensor | None:
         n = hb.num_seqs
@@ -204,7 +224,12 @@ class ModelRunner:
         self._feed(ids, hb)
         inputs_embeds = embed_step_images(self.model, images, ids, self.encoder_cache,
                                           self.layout) if images is not None else None
-        hidden = self.model(ids, pos, meta, inputs_embeds=inputs_embeds)
+        if self.prompt_graphs is not None and len(ids) <= self.prompt_graphs.max_size:
+            if inputs_embeds is None:
+                inputs_embeds = self.model.get_input_embeddings(ids)
+            hidden = self.prompt_graphs.forward(inputs_embeds, pos, meta)
+        else:
+            hidden = self.model(ids, pos, meta, inputs_embeds=inputs_embeds)
         if self.prompt_logprob_ids:
             self._prompt_chunks = prompt_logprob_chunks(
                 self.model, hidden, hb.batch, hb.query_start, self.prompt_logprob_ids)

@@ -114,11 +114,23 @@ class Attention(nn.Module):
         self.rotary = rotary
         self.kv_cache: torch.Tensor | None = None
         self.backend: AttentionBackend | None = None
+        # set while prompt steps' CUDA graphs are captured (engine/core/prompt_graphs.py):
+        # ends the graph at this attention's inputs and returns the buffer its output goes to
+        self.graph_break = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata,
                 rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """q [T, H*D], k and v [T, Hkv*D], q and k not yet rotated; rope: this step's
         ``rotary.cos_sin(positions)``."""
+        if self.graph_break is not None:
+            return self.graph_break(self, q, k, v, rope)
+        return self.attend(q, k, v, meta, rope)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata,
+               rope: tuple[torch.Tensor, torch.Tensor],
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        """forward's attention; ``out`` [T, H*D]: where the backend writes it (a backend that
+        owns no output buffer writes a new one, copied there)."""
         t = q.shape[0]
         fused = self.backend.fuses_rotary()
         if not fused:
@@ -126,9 +138,13 @@ class Attention(nn.Module):
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
+        heads_out = None if out is None else out.view(t, self.num_heads, self.head_dim)
         if fused:
-            out = self.backend.forward(q, k, v, self.kv_cache, meta, self.scale,
-                                       rope=Rope(*rope, self.rotary.interleaved))
+            result = self.backend.forward(q, k, v, self.kv_cache, meta, self.scale,
+                                          out=heads_out, rope=Rope(*rope, self.rotary.interleaved))
         else:
-            out = self.backend.forward(q, k, v, self.kv_cache, meta, self.scale)
-        return out.reshape(t, self.num_heads * self.head_dim)
+            result = self.backend.forward(q, k, v, self.kv_cache, meta, self.scale)
+            if heads_out is not None:
+                heads_out.copy_(result)
+                result = heads_out
+        return result.reshape(t, self.num_heads * self.head_dim)
