@@ -4,12 +4,14 @@
 
 The served step trace (phone_agent_bench.py, `serve --step-trace`) shows 30-40 ms of host time
 in the launch of a prompt chunk and up to ~90 ms in the step that starts a screenshot's vision
-tower, and almost no wait after them: the host waits inside them, for the device. This runs the
-same kind of steps offline (AutoGLM-Phone-9B, random weights, --requests conversations each
-with its own screenshot after ~1,500 tokens of history, Open-AutoGLM's sampling) under
-torch.profiler, and prints the host calls that wait for the device (synchronizations, copies
-from pageable memory, scalar reads) with the Python lines they come from, the host time of
-each step part (engine/step_trace.py), and the GPU's busy share of the wall time.
+tower, and almost no wait after them. That launch is the host's own CPU (its launch_cpu_ms:
+the eager forward's ~400 launches, BENCHMARKS.md of 2026-12-07), not a wait for the device.
+This runs the same kind of steps offline (AutoGLM-Phone-9B, random weights, --requests
+conversations each with its own screenshot after ~1,500 tokens of history, Open-AutoGLM's
+sampling) under torch.profiler, and prints the host calls that wait for the device
+(synchronizations, copies from pageable memory, scalar reads) with the Python lines they come
+from, the host time of each step part (engine/step_trace.py), and the GPU's busy share of the
+wall time.
 
 --sync-debug runs the same steps without the profiler (whose per-op cost hides the host's own
 pace) under torch.cuda.set_sync_debug_mode("warn"): every host call that waits for the device,
