@@ -310,3 +310,31 @@ def test_decode_kernel_writes_nothing_for_slot_minus_one():
     expected[:, slot // 16, :, slot % 16] = True
     assert torch.equal(written | expected, expected), "written outside row 1's slot"
     assert not out.isnan().any()
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["rotary_in_the_kernel", "rotary_before"])
+def test_attend_writes_into_the_callers_buffer(monkeypatch, fused):
+    """Attention.attend(..., out=rows): the attention between two pieces of a prompt step's
+    CUDA graphs (engine/core/prompt_graphs.py), which read its output from a static buffer.
+    The result lands in those rows (written there by the kernels, or copied where the backend
+    does not take rotary) with forward's values, and the buffer's rows past the step stay as
+    they were."""
+    from autoglm_serve.models.layers.attention import Attention
+    from autoglm_serve.models.layers.rotary import RotaryEmbedding
+    b = make_batch([9, 20], [(0, 11), (16, 7)], num_heads=4, num_kv_heads=2, head_dim=32,
+                   block_size=16, dtype=torch.float32, device="cpu")
+    rotary = RotaryEmbedding(32, 16, 256, 10000.0, interleaved=True)
+    layer = Attention(4, 2, 32, b.scale, rotary)
+    layer.backend = TritonAttentionBackend()
+    monkeypatch.setattr(layer.backend, "fuses_rotary", lambda: fused)
+    t = b.q.shape[0]
+    rope = rotary.cos_sin(torch.randint(0, 256, (t,), generator=torch.Generator().manual_seed(0)))
+    q, k, v = (x.reshape(t, -1) for x in (b.q, b.k, b.v))
+    layer.kv_cache = b.kv_cache.clone()
+    ref = layer.forward(q.clone(), k.clone(), v.clone(), b.meta, rope)
+    layer.kv_cache = b.kv_cache.clone()
+    static = torch.full((t + 5, q.shape[1]), float("nan"))     # a larger graph size's rows
+    got = layer.attend(q.clone(), k.clone(), v.clone(), b.meta, rope, out=static[:t])
+    assert got.data_ptr() == static.data_ptr() and got.shape == ref.shape
+    assert torch.equal(got[b.valid_rows], ref[b.valid_rows])
+    assert not got[b.valid_rows].isnan().any() and static[t:].isnan().all()

@@ -125,9 +125,11 @@ class PromptGraphs:
 
     def _capture(self, size: int, pool) -> list[torch.cuda.CUDAGraph]:
         pieces = [torch.cuda.CUDAGraph()]
+        breaks: list[Attention] = []
 
         def graph_break(layer: Attention, q, k, v, rope):
             """Ends the piece at this attention's inputs and begins the next at its output."""
+            breaks.append(layer)
             if len(pieces) == 1:
                 self.cos[:size].copy_(rope[0])
                 self.sin[:size].copy_(rope[1])
@@ -156,9 +158,9 @@ class PromptGraphs:
                 layer.graph_break = None
             if capturing:       # the stream must leave capture mode for anything to run
                 pieces[-1].capture_end()
-        if len(pieces) != len(self.layers) + 1:
-            raise RuntimeError(f"a prompt step's forward broke into {len(pieces)} pieces, not "
-                               f"one more than its {len(self.layers)} attention layers")
+        if breaks != self.layers:   # replays run the attentions in self.layers' order
+            raise RuntimeError(f"a prompt step's forward broke at {len(breaks)} attentions, not "
+                               f"at its {len(self.layers)} attention layers in their order")
         return pieces
 
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor,
