@@ -6,8 +6,9 @@ the encoder cache's full budget and the peak activations of the worst step are c
 worst step is measured, not guessed (engine/core/worst_step.py): the largest image the image
 settings allow through the vision tower, a forward over max_num_batched_tokens, and the sampler
 at max_num_seqs rows with every buffer it can build; what the CUDA graphs (decode, and prompt
-steps' pieces) keep once captured is measured there too and held beside it. A configuration that leaves the KV cache
-too small for one max_model_len request fails the start with the breakdown and what would fit.
+steps' pieces) keep once captured is measured there too and held beside it. A configuration
+that leaves the KV cache too small for one max_model_len request fails the start with the
+breakdown and what would fit.
 """
 from __future__ import annotations
 
