@@ -22,6 +22,14 @@ from autoglm_serve.models.layers.attention import AttentionMetadata
 logger = logging.getLogger(__name__)
 
 
+def padded_size(sizes: list[int], n: int) -> int | None:
+    """The smallest captured size (ascending ``sizes``) that holds n rows; None past the last."""
+    for s in sizes:
+        if s >= n:
+            return s
+    return None
+
+
 def capture_sizes(max_num_seqs: int) -> list[int]:
     sizes = [1, 2, 4, 8] + list(range(16, 257, 16)) + list(range(288, 1025, 32))
     return [s for s in sizes if s <= max_num_seqs] or [1]
@@ -99,10 +107,7 @@ class DecodeGraphs:
                     len(self.sizes), self.max_size, self.capture_seconds)
 
     def padded_size(self, n: int) -> int | None:
-        for s in self.sizes:
-            if s >= n:
-                return s
-        return None
+        return padded_size(self.sizes, n)
 
     def load(self, n: int, input_ids, positions, slot_mapping, seq_lens, block_tables) -> None:
         """Host inputs of n decodes into the static buffers; rows up to the padded size get

@@ -76,7 +76,7 @@ def _profile_cuda(config: EngineConfig, runner: ModelRunner, device: torch.devic
     peaks = profile_worst_step(runner, image, decode_graphs=runner.wants_cuda_graphs(config),
                                prompt_graphs=runner.wants_prompt_graphs(config))
     # held once captured, beside every step
-    graphs = peaks.get("decode graphs", 0) + peaks.get("prompt graphs", 0)
+    graphs = sum(peaks.get(part, 0) for part in GRAPH_PARTS)
     activation = max(v for k, v in peaks.items() if k not in GRAPH_PARTS) + graphs
     if image is not None:
         # an image's encoding in progress is held across steps, beside any step's peak

@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from autoglm_serve.engine.core.cuda_graphs import padded_size
 from autoglm_serve.kernels import compile_watch
 from autoglm_serve.models.layers.attention import Attention, AttentionMetadata
 
@@ -89,16 +90,6 @@ class PromptGraphs:
     @property
     def max_size(self) -> int:
         return self.sizes[-1]
-
-    def padded_size(self, n: int) -> int | None:
-        for s in self.sizes:
-            if s >= n:
-                return s
-        return None
-
-    def static_bytes(self) -> int:
-        return sum(t.nbytes for t in (self.embeds, self.positions, self.q, self.k, self.v,
-                                      self.out, self.cos, self.sin, self.hidden))
 
     def eager(self, size: int) -> None:
         """A forward of the first ``size`` static rows as the graphs will run it, eagerly (the
@@ -168,7 +159,7 @@ class PromptGraphs:
         """The model's hidden states [T, hidden] for a step of T <= max_size tokens (a view of
         the static output: consume it before the next replay)."""
         t = embeds.shape[0]
-        size = self.padded_size(t)
+        size = padded_size(self.sizes, t)
         self.embeds[:t].copy_(embeds)
         self.positions[..., :t].copy_(positions)
         pieces = self.pieces[size]

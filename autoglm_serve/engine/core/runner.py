@@ -190,7 +190,7 @@ class ModelRunner:
         """Piecewise graphs for prompt steps too (config.cudagraph_mode); not under tensor
         parallelism, whose steps run on every rank."""
         return (self.wants_cuda_graphs(config) and config.cudagraph_mode == "full_and_piecewise"
-                and self.workers is None and config.tensor_parallel_size == 1)
+                and config.tensor_parallel_size == 1)
 
     def new_prompt_graphs(self):
         from autoglm_serve.engine.core.prompt_graphs import PromptGraphs
