@@ -169,6 +169,11 @@ def run_point(args, server: ServerProcess, agents: int, mode: str, label: str,
                 ttft_p99_ms=summary["ttft_ms"]["p99"], ttft_median_ms=summary["ttft_ms"]["median"],
                 tpot_p99_ms=summary["tpot_ms"]["p99"], tpot_mean_ms=summary["tpot_ms"]["mean"],
                 e2e_mean_ms=summary["e2el_ms"]["mean"],
+                itl_p99_ms=summary["itl_ms"]["p99"], itl_max_ms=summary["itl_ms"]["max"],
+                # what an agent's stream feels of the steps over 40 ms (the trace's "ms" is a
+                # step's wait for the one before it, whoever was decoding then)
+                itl_over_40ms=sum(1 for rec in point["records"] for gap in rec["itl_ms"]
+                                  if gap > 40),
                 slowest_step_ms=max(busy, default=None),
                 slowest_step_p50_ms=statistics.median(busy) if busy else None,
                 gpu_util=(point.get("gpu") or {}).get("util_mean"),
@@ -178,9 +183,9 @@ def run_point(args, server: ServerProcess, agents: int, mode: str, label: str,
 def markdown(rows: list[dict], peak: float) -> str:
     lines = [f"bf16 matmul peak this call: {peak:.0f} TFLOP/s", "",
              "| agents | sampling | ok/failed | agent steps/s | floor steps/s | % of floor | "
-             "TTFT p50 / p99 ms | TPOT mean / p99 ms | step latency ms | slowest step of a "
-             "second, median / max ms | GPU util |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "TTFT p50 / p99 ms | TPOT mean / p99 ms | ITL p99 / max ms (gaps > 40 ms) | "
+             "step latency ms | slowest step of a second, median / max ms | GPU util |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     fmt = lambda v, p=1: "—" if v is None else f"{v:.{p}f}"   # noqa: E731
     for r in rows:
         share = (100 * r["steps_per_s"] / r["floor_steps_per_s"]
@@ -189,6 +194,7 @@ def markdown(rows: list[dict], peak: float) -> str:
             f"| {r['agents']} | {r['mode']} | {r['ok']}/{r['failed']} | {fmt(r['steps_per_s'], 2)} | "
             f"{fmt(r['floor_steps_per_s'], 2)} | {fmt(share, 0)}% | {fmt(r['ttft_median_ms'], 0)} / "
             f"{fmt(r['ttft_p99_ms'], 0)} | {fmt(r['tpot_mean_ms'])} / {fmt(r['tpot_p99_ms'])} | "
+            f"{fmt(r['itl_p99_ms'])} / {fmt(r['itl_max_ms'])} ({r['itl_over_40ms']}) | "
             f"{fmt(r['e2e_mean_ms'], 0)} | {fmt(r['slowest_step_p50_ms'])} / "
             f"{fmt(r['slowest_step_ms'])} | {fmt(r['gpu_util'], 0)} |")
     lines += ["", "Step trace (seconds of the run in each kind of step; idle: no step ran):", "",
