@@ -10,6 +10,12 @@ hidden states between steps. The scheduler does
 not let a prompt's chunk reach an image before it is encoded (scheduler.py). With nothing
 decoding, the budget is the whole step's: one agent's screenshot goes through in one or two
 steps, as fast as whole.
+
+Blocks are priced by FLOPs. Least-squares fits of served 16-agent step traces on an H100 put a
+vision token-equivalent at 1.0-1.13x a prompt token's time in bf16 and ~1.2x with FP8 linears
+(BENCHMARKS.md, thirty-ninth session). Correcting that by timing an eager prompt forward at
+start-up was tried and dropped: where that forward is host-bound it reads the host's time
+(0.76x and 0.57x where the traces said 1.0x and 1.2x).
 """
 from __future__ import annotations
 
