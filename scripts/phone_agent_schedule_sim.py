@@ -3,19 +3,23 @@
 what the scheduling policy alone does to TTFT and agent steps/s, on a CPU in seconds.
 
     python scripts/phone_agent_schedule_sim.py [--agents 16,64] [--steps 5]
+        [--decode-step-tokens none,896]
 
 Each agent sends its turns one after another, as `bench serve --dataset phone-agent` does: a
 shared system prompt, the history, one screenshot (3,108 placeholder tokens) and the screen's
 text; once a turn has its 128 tokens, the screenshot leaves the history and the reply joins it.
-The core's loop is the engine's (engine_core.py): the encoder gets what the running requests
-leave of the step's 2,048 tokens, for the image `image_to_encode` names, a block at a time;
-then `schedule` takes the rest. A step's time is a cost model fitted to an H100's step trace
-of this load (BENCHMARKS.md, thirty-fourth session: decode-only steps ~10 ms at ~40 rows,
-steps with vision blocks ~70 ms): 6 ms, plus 0.07 ms a decode row, plus 0.03 ms a prompt token
-or vision token-equivalent (a screenshot: 2,600 of them in 24 blocks). Two tokenizers: the GPU
-bench's stand-in byte tokenizer (a ~4,700-token system prompt, replies ~4x their tokens once
-re-tokenized) and GLM's (~1,000, 1x). Prints one line a point; the device figures are the
-GPU bench's (scripts/gpu/phone_agent_bench.py).
+The core's loop is the engine's (engine_core.py): the step's budget is 2,048 tokens, or
+``--decode-step-tokens`` while a request decodes; the encoder gets what the running requests
+leave of it, for the image `image_to_encode` names, a block at a time; then `schedule` takes
+the rest. A step's time is a cost model fitted to an H100's step traces of this load in bf16
+(BENCHMARKS.md, thirty-ninth session: a step's wait against what the step before it carried):
+5.6 ms, plus 0.17 ms a decode row, plus 0.029 ms a prompt token or vision token-equivalent (a
+screenshot: 2,600 of them in 24 blocks). It is a mean: the measured steps spread ~10% around
+it. Two tokenizers: the GPU bench's stand-in byte tokenizer (a ~4,700-token system prompt,
+replies ~4x their tokens once re-tokenized) and GLM's (~1,000, 1x). Prints one line a point,
+with the steps that decoding requests waited for (over 40 ms: the issue's target) and the gaps
+between a request's tokens; the device figures are the GPU bench's
+(scripts/gpu/phone_agent_bench.py).
 """
 from __future__ import annotations
 
@@ -42,7 +46,7 @@ TOKENIZERS = {"byte": (4700, 4), "glm": (1000, 1)}   # system prompt tokens, rep
 
 
 def step_ms(decode_rows: int, prompt_tokens: int, vision_tokens: float) -> float:
-    return 6 + 0.07 * decode_rows + 0.03 * (prompt_tokens + vision_tokens)
+    return 5.6 + 0.17 * decode_rows + 0.029 * (prompt_tokens + vision_tokens)
 
 
 class Agents:
@@ -79,7 +83,7 @@ class Agents:
 
 
 def simulate(agents: int, steps: int, tokenizer: str, output_len: int = 128,
-             kv_blocks: int = 60_000) -> dict:
+             kv_blocks: int = 60_000, decode_step_tokens: int | None = None) -> dict:
     encoded: set[str] = set()
     scheduler = Scheduler(KVCacheManager(kv_blocks, 16), 256, STEP_TOKENS,
                           image_ready=lambda item: item.content_hash in encoded)
@@ -88,6 +92,9 @@ def simulate(agents: int, steps: int, tokenizer: str, output_len: int = 128,
     in_progress = None      # the image whose blocks are part run
     cost_left = 0.0         # ...and what its remaining blocks cost
     restarts = 0            # images begun while another's blocks were part run (lost work)
+    decoding_steps_ms = []  # the steps that requests past their first token waited for
+    last_token_at: dict[str, float] = {}
+    gaps_ms = []            # between one request's tokens
 
     def send(agent: int) -> None:
         scheduler.add(conversations.request(agent, now))
@@ -95,9 +102,12 @@ def simulate(agents: int, steps: int, tokenizer: str, output_len: int = 128,
     for agent in range(agents):
         send(agent)
     while scheduler.has_unfinished():
+        budget = STEP_TOKENS     # as EngineCore._step_budget
+        if decode_step_tokens is not None and scheduler.has_decodes():
+            budget = min(decode_step_tokens, STEP_TOKENS)
         vision = 0.0
         todo = scheduler.image_to_encode(in_progress)
-        left = STEP_TOKENS - scheduler.tokens_owed_by_running() if todo else 0
+        left = budget - scheduler.tokens_owed_by_running() if todo else 0
         if todo and left > 0:
             key = todo[1].content_hash
             if key != in_progress:      # as ImageEncoder.encode: another image starts over
@@ -111,32 +121,50 @@ def simulate(agents: int, steps: int, tokenizer: str, output_len: int = 128,
                 encoded.add(key)
         # as EngineCore._encode_images: the blocks run may cost more than was left (at least
         # one runs), but the step's prompts lose only what was left
-        out = scheduler.schedule(STEP_TOKENS - min(math.ceil(vision), left))
+        out = scheduler.schedule(budget - min(math.ceil(vision), max(left, 0)))
         if out.is_empty and not vision:
             raise RuntimeError("the scheduler stalled")
         scheduler.update_after_launch(out.scheduled)
         rows = sum(1 for s in out.scheduled if s.num_new_tokens == 1)
-        now += step_ms(rows, out.num_batched_tokens - rows, vision) / 1e3
+        took = step_ms(rows, out.num_batched_tokens - rows, vision)
+        now += took / 1e3
+        if rows:
+            decoding_steps_ms.append(took)
         for s in out.scheduled:
             req = s.request
             if not req.num_inflight:
                 continue
             req.land_token(7)
+            if req.request_id in last_token_at:
+                gaps_ms.append(1e3 * (now - last_token_at[req.request_id]))
+            last_token_at[req.request_id] = now
             if len(req.output_token_ids) == 1:
                 ttfts.append(now - req.arrival_time)
             if len(req.output_token_ids) == req.max_tokens:
                 scheduler.finish(req, RequestStatus.FINISHED_LENGTH)
+                del last_token_at[req.request_id]
                 turns_done += 1
                 nxt = conversations.answered(req)
                 if nxt is not None:
                     send(nxt)
     ttfts.sort()
-    return dict(agents=agents, tokenizer=tokenizer, turns=turns_done,
+    gaps_ms.sort()
+    decoding_steps_ms.sort()
+    return dict(agents=agents, tokenizer=tokenizer, decode_step_tokens=decode_step_tokens,
+                turns=turns_done,
                 agent_steps_per_s=round(turns_done / now, 2),
                 ttft_p50_s=round(ttfts[len(ttfts) // 2], 2),
                 ttft_p99_s=round(ttfts[int(0.99 * (len(ttfts) - 1))], 2),
                 ttft_max_s=round(ttfts[-1], 2), simulated_s=round(now, 1),
-                images_restarted=restarts)
+                images_restarted=restarts,
+                decoding_steps_over_40ms=sum(1 for m in decoding_steps_ms if m > 40),
+                decoding_step_p99_ms=round(_p99(decoding_steps_ms), 1),
+                itl_p99_ms=round(_p99(gaps_ms), 1), itl_max_ms=round(gaps_ms[-1], 1),
+                gaps_over_40ms=sum(1 for g in gaps_ms if g > 40))
+
+
+def _p99(sorted_values: list[float]) -> float:
+    return sorted_values[int(0.99 * (len(sorted_values) - 1))]
 
 
 def main() -> None:
@@ -144,11 +172,16 @@ def main() -> None:
     ap.add_argument("--agents", default="16,64")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--tokenizers", default="byte,glm")
+    ap.add_argument("--decode-step-tokens", default="none",
+                    help="budgets while requests decode, comma-separated (none: 2,048)")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    budgets = [None if b == "none" else int(b) for b in args.decode_step_tokens.split(",")]
     for agents in (int(a) for a in args.agents.split(",")):
         for tokenizer in args.tokenizers.split(","):
-            print(json.dumps(simulate(agents, args.steps, tokenizer)), flush=True)
+            for budget in budgets:
+                print(json.dumps(simulate(agents, args.steps, tokenizer,
+                                          decode_step_tokens=budget)), flush=True)
 
 
 if __name__ == "__main__":
