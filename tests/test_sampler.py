@@ -43,7 +43,7 @@ def test_build_counts_and_flags():
     prompts = [[1, 1, 4], [2, 2], [3], [0]]
     outputs = [[2, 2, 2, 9, 99, -1], [1], [4, 4, 0], [3]]  # 99 and -1 lie outside V=10
     b = batch_of(params, 10, prompts=prompts, outputs=outputs)
-    assert b.any_repetition_penalty and b.any_frequency_presence and b.any_penalties
+    assert b.any_repetition_penalty and b.any_frequency_presence
     assert b.any_top_p and not b.any_top_k  # top_k on greedy rows only: nothing to mask
     assert not b.all_greedy and b.any_greedy
     assert b.is_greedy.tolist() == [False, True, False, True]
@@ -63,7 +63,8 @@ def test_build_counts_and_flags():
 def test_build_without_penalties_skips_count_tensors():
     b = batch_of([SamplingParams(), SamplingParams(temperature=0)], 8,
                  prompts=[[1, 2], [3]], outputs=[[4], [5]])
-    assert b.output_counts is None and b.prompt_mask is None and not b.any_penalties
+    assert b.output_counts is None and b.prompt_mask is None
+    assert not b.any_repetition_penalty and not b.any_frequency_presence
 
 
 # ---------------------------------------------------------------- penalties

@@ -87,10 +87,6 @@ class XGrammarBackend:
         with self._lock:
             return spec.key in self._cache
 
-    @property
-    def num_cached(self) -> int:
-        return len(self._cache)
-
     def matcher(self, spec: StructuredSpec, stop_token_ids: Iterable[int]) -> RowMatcher:
         """stop_token_ids: the request's own (EOS unless ignore_eos, its stop_token_ids):
         the tokens that may end it once the grammar is complete."""

@@ -45,7 +45,3 @@ class RowMatcher:
             # complete, and the request has no stop token to end it (ignore_eos): the
             # grammar has nothing more to say, rather than a row of -inf logits
             bitmask[row].fill_(-1)
-
-    @property
-    def terminated(self) -> bool:
-        return self._m.is_terminated()

@@ -96,10 +96,6 @@ class SamplingBatch:
     num_logprobs: list[int | None] = field(default_factory=list)  # per row, as requested
     max_num_logprobs: int | None = None   # None = no row wants logprobs
 
-    @property
-    def any_penalties(self) -> bool:
-        return self.any_repetition_penalty or self.any_frequency_presence
-
     @classmethod
     def build(cls, rows: Sequence[SamplingRow], vocab_size: int, device: torch.device | str,
               history: tuple[torch.Tensor, torch.Tensor | None] | None = None,
