@@ -13,7 +13,8 @@ images encoded, tokens generated), in FLOPs from the model's config, over the bf
 peak measured in this call before the server starts. The engine's step log (--log-stats-interval
 1) gives the slowest step of every second while requests ran, and its step trace (--step-trace)
 every step of a run: time in decode-only steps, in steps carrying prompt chunks or vision
-blocks, steps over 40 ms, and the time no step ran. Prints markdown tables; writes JSON to
+blocks, steps over 40 ms, the time no step ran, and a step's cost fitted to what it carried
+(a prompt token, a vision token-equivalent, a decode row). Prints markdown tables; writes JSON to
 $OUT/phone_agent_bench.json. --smoke runs the same on a CPU with the embedded default's
 shapes replaced by a tiny GLM-4.1V (the check that this script works, not a figure).
 """
@@ -29,6 +30,7 @@ import sys
 import time
 
 import httpx
+import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -112,7 +114,29 @@ def trace_summary(path: str, start: float, end: float) -> dict:
         decode_rows_mean=statistics.mean(s["decode_rows"] for s in steps),
         prompt_tokens_per_step=statistics.mean(s["prompt_tokens"] for s in steps),
         encoder_tokens_per_step=statistics.mean(s["encoder_tokens"] for s in steps),
-        slow_decode_steps=slow_decode_steps(steps))
+        slow_decode_steps=slow_decode_steps(steps), step_cost=step_cost_fit(steps))
+
+
+def step_cost_fit(steps: list[dict]) -> dict | None:
+    """A step's device time as a least-squares fit of what it carried: ms = intercept + a
+    prompt token x n + a vision token-equivalent (as the encoder priced it) x n + a decode row
+    x n. With async scheduling a step's line times its wait for the step before it, so each
+    line is fitted against the contents of the line before (steps that ran nothing left out).
+    vision_over_prompt near 1 says the encoder's price matches the device; the intercept is
+    mostly the weights read once a step."""
+    rows, ms = [], []
+    for before, after in zip(steps, steps[1:]):
+        if before["decode_rows"] + before["prompt_tokens"] + before["encoder_tokens"]:
+            rows.append([1.0, before["prompt_tokens"], before["encoder_tokens"],
+                         before["decode_rows"]])
+            ms.append(after["ms"])
+    if len(rows) < 8:
+        return None
+    coef = np.linalg.lstsq(np.array(rows), np.array(ms), rcond=None)[0]
+    fit = dict(intercept_ms=coef[0], prompt_token_ms=coef[1], vision_token_ms=coef[2],
+               decode_row_ms=coef[3])
+    fit["vision_over_prompt"] = coef[2] / coef[1] if coef[1] > 0 else None
+    return {k: None if v is None else float(v) for k, v in fit.items()}
 
 
 def slow_decode_steps(steps: list[dict]) -> dict:
@@ -212,6 +236,16 @@ def markdown(rows: list[dict], peak: float) -> str:
             f"({t['slow_decode_steps']['count']}) | {t['decode_only_s']:.2f} ({t['decode_only_ms_mean']:.1f}) | {t['prompt_s']:.2f} | "
             f"{t['encoder_s']:.2f} | {t['idle_s']:.2f} | {t['decode_rows_mean']:.1f} / "
             f"{t['prompt_tokens_per_step']:.0f} / {t['encoder_tokens_per_step']:.0f} |")
+    fits = [(r, r["trace"]["step_cost"]) for r in rows if (r.get("trace") or {}).get("step_cost")]
+    if fits:
+        lines += ["", "A step's cost, fitted to the trace (its wait against what the step before "
+                  "it carried), ms:", "",
+                  "| agents | sampling | intercept | a prompt token | a vision token-eq | "
+                  "a decode row | vision / prompt |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        for r, f in fits:
+            lines.append(f"| {r['agents']} | {r['mode']} | {f['intercept_ms']:.2f} | "
+                         f"{f['prompt_token_ms']:.4f} | {f['vision_token_ms']:.4f} | "
+                         f"{f['decode_row_ms']:.3f} | {fmt(f['vision_over_prompt'], 2)} |")
     return "\n".join(lines)
 
 
