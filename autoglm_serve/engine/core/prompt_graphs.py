@@ -164,9 +164,11 @@ class PromptGraphs:
         self.positions[..., :t].copy_(positions)
         pieces = self.pieces[size]
         pieces[0].replay()
+        # the step's rows of the buffers every attention shares, sliced once, not per layer
+        q, k, v, out = self.q[:t], self.k[:t], self.v[:t], self.out[:t]
         rope = (self.cos[:t], self.sin[:t])
         for layer, piece in zip(self.layers, pieces[1:]):
-            layer.attend(self.q[:t], self.k[:t], self.v[:t], meta, rope, out=self.out[:t])
+            layer.attend(q, k, v, meta, rope, out=out)
             piece.replay()
         self.replays += 1
         return self.hidden[:t]
