@@ -86,7 +86,8 @@ def simulate(agents: int, steps: int, tokenizer: str, output_len: int = 128,
              kv_blocks: int = 60_000, decode_step_tokens: int | None = None) -> dict:
     encoded: set[str] = set()
     scheduler = Scheduler(KVCacheManager(kv_blocks, 16), 256, STEP_TOKENS,
-                          image_ready=lambda item: item.content_hash in encoded)
+                          image_ready=lambda item: item.content_hash in encoded,
+                          decode_step_tokens=decode_step_tokens)
     conversations = Agents(agents, steps, *TOKENIZERS[tokenizer], output_len)
     now, ttfts, turns_done = 0.0, [], 0
     in_progress = None      # the image whose blocks are part run
@@ -101,9 +102,7 @@ def simulate(agents: int, steps: int, tokenizer: str, output_len: int = 128,
     for agent in range(agents):
         send(agent)
     while scheduler.has_unfinished():
-        budget = STEP_TOKENS     # as EngineCore._step_budget
-        if decode_step_tokens is not None and scheduler.has_decodes():
-            budget = min(decode_step_tokens, STEP_TOKENS)
+        budget = scheduler.step_budget()
         vision = 0.0
         todo = scheduler.image_to_encode(in_progress)
         left = budget - scheduler.tokens_owed_by_running() if todo else 0

@@ -19,7 +19,7 @@ def make_scheduler(num_blocks=64, budget=16, max_num_seqs=8, chunked=True) -> Sc
 
 def step(s: Scheduler, sampled_token: int = 7) -> dict[str, int]:
     """One schedule + 'model run': requests that reach their last token get one new token."""
-    out = s.schedule()
+    out = s.schedule(s.step_budget())
     s.update_after_launch(out.scheduled)
     for sr in out.scheduled:
         if sr.request.num_inflight:
@@ -44,6 +44,20 @@ def test_decodes_first_then_prefill_chunks_under_the_budget():
     short.land_token(7)
     assert step(s) == {"short": 1, "long": 4, "late": 4}    # long's last 4, then the newcomer
     assert long.num_output_tokens == 1 and not s.waiting
+
+
+def test_decoding_requests_shrink_the_step_budget_to_decode_step_tokens():
+    kv = KVCacheManager(64, BS, enable_prefix_caching=False)
+    s = Scheduler(kv, 8, 16, decode_step_tokens=6)
+    s.add(make_request("first", 5))
+    assert s.step_budget() == 16                            # nothing decodes yet
+    assert step(s) == {"first": 5}
+    s.add(make_request("long", 30, 100))
+    assert s.step_budget() == 6                             # "first" decodes now
+    assert step(s) == {"first": 1, "long": 5}
+    s.finish(s.running[0], RequestStatus.FINISHED_STOPPED)
+    assert s.step_budget() == 16                            # "long" is mid-prompt again
+    assert Scheduler(kv, 8, 16, decode_step_tokens=32).step_budget() == 16
 
 
 def test_max_num_seqs_is_respected():

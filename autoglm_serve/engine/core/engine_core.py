@@ -120,7 +120,8 @@ class EngineCore:
         images = self.runner.images
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill, self.max_model_len,
-                                   images.ready if images is not None else None)
+                                   images.ready if images is not None else None,
+                                   config.decode_step_tokens)
         self._inflight: InFlightStep | None = None
         self.last_step: StepRecord | None = None     # what the last step did (step_trace.py)
         self.isolation = FaultIsolation(self.max_num_batched_tokens, self.runner.release_memory)
@@ -291,7 +292,7 @@ class EngineCore:
         that penalties read (engine/core/token_counts.py). The price: a request that stops
         (EOS, stop token, abort) computes one token too many, discarded."""
         t0 = time.perf_counter()
-        budget = self._step_budget()
+        budget = self.scheduler.step_budget()
         encoded = self._encode_images(budget)
         t1 = time.perf_counter()
         sched = self.scheduler.schedule(budget - encoded)
@@ -319,16 +320,6 @@ class EngineCore:
         self.last_step = StepRecord(sched, encoded, t1 - t0, t2 - t1, t3 - t2, launch_cpu,
                                     t4 - t3, time.perf_counter() - t4 if synced else None)
         return outputs
-
-    def _step_budget(self) -> int:
-        """The step's tokens: max_num_batched_tokens, or decode_step_tokens while a request
-        decodes, so that prompt chunks and vision blocks stretch each of its tokens by
-        at most that much work."""
-        limit = self.config.decode_step_tokens
-        if limit is None or limit >= self.max_num_batched_tokens \
-                or not self.scheduler.has_decodes():
-            return self.max_num_batched_tokens
-        return limit
 
     def _encode_images(self, step_budget: int) -> int:
         """Vision-tower blocks for the image the first held prompt needs, within what the

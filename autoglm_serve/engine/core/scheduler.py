@@ -59,11 +59,13 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  enable_chunked_prefill: bool = True, max_model_len: int = 1 << 30,
-                 image_ready: Callable[[MultiModalItem], bool] | None = None):
+                 image_ready: Callable[[MultiModalItem], bool] | None = None,
+                 decode_step_tokens: int | None = None):
         self.kv = kv
         self.image_ready = image_ready
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.decode_step_tokens = decode_step_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
@@ -222,6 +224,15 @@ class Scheduler:
             if item.offset + item.length > start and not self.image_ready(item):
                 return item
         return None
+
+    def step_budget(self) -> int:
+        """The step's tokens: max_num_batched_tokens, or decode_step_tokens while a request
+        decodes, so that prompt chunks and vision blocks stretch each of its tokens by at most
+        that much work."""
+        limit = self.decode_step_tokens
+        if limit is None or limit >= self.max_num_batched_tokens or not self.has_decodes():
+            return self.max_num_batched_tokens
+        return limit
 
     def has_decodes(self) -> bool:
         """Whether a running request is past its prompt (its next token is a decode)."""
