@@ -18,6 +18,7 @@ replays the smallest size >= T; the padding rows compute on zeros and stale rows
 its own, and no attention reads them (they are past the step's last sequence)."""
 from __future__ import annotations
 
+import itertools
 import time
 
 import torch
@@ -48,7 +49,7 @@ def prefill_meta(num_tokens: int, max_model_len: int, max_blocks_per_seq: int,
     meta_seq = min(num_tokens, max_model_len)
     num_seqs = (num_tokens + meta_seq - 1) // meta_seq
     lens = [meta_seq] * (num_seqs - 1) + [num_tokens - meta_seq * (num_seqs - 1)]
-    qsl = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32)
+    qsl = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     return AttentionMetadata(
         num_seqs=num_seqs, num_decodes=0, num_tokens=num_tokens, max_query_len=max(lens),
