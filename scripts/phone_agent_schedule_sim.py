@@ -14,11 +14,11 @@ leave of it, for the image `image_to_encode` names, a block at a time; then `sch
 the rest. A step's time is a cost model fitted to an H100's step traces of this load in bf16
 (BENCHMARKS.md, thirty-ninth session: a step's wait against what the step before it carried):
 5.6 ms, plus 0.17 ms a decode row, plus 0.029 ms a prompt token or vision token-equivalent (a
-screenshot: 2,600 of them in 24 blocks). It is a mean: the measured steps spread ~10% around
-it. Two tokenizers: the GPU bench's stand-in byte tokenizer (a ~4,700-token system prompt,
-replies ~4x their tokens once re-tokenized) and GLM's (~1,000, 1x). Prints one line a point,
-with the gaps between a request's tokens (a decoding request waits one step a token: over 40 ms
-is the issue's target); the device figures are the GPU bench's
+screenshot: 2,514 of them, 24 blocks and the merger). It is a mean: the measured steps spread
+~10% around it. Two tokenizers: the GPU bench's stand-in byte tokenizer (a ~4,700-token
+system prompt, replies ~4x their tokens once re-tokenized) and GLM's (~1,000, 1x). Prints one
+line a point, with the gaps between a request's tokens (a decoding request waits one step a
+token: over 40 ms is the issue's target); the device figures are the GPU bench's
 (scripts/gpu/phone_agent_bench.py).
 """
 from __future__ import annotations
@@ -40,7 +40,9 @@ from autoglm_serve.multimodal.inputs import MultiModalItem  # noqa: E402
 from autoglm_serve.sampling_params import SamplingParams  # noqa: E402
 
 STEP_TOKENS = 2048
-IMAGE_TOKENS, IMAGE_COST, IMAGE_BLOCKS = 3108, 2600, 24
+# a screenshot's 24 vision blocks and its merger, in token-equivalents of FLOPs as the engine
+# prices them (Glm4vVisionTower.block_flops and finish_flops over flops_per_text_token)
+IMAGE_TOKENS, IMAGE_BLOCKS, BLOCK_COST, MERGER_COST = 3108, 24, 101.4, 80.1
 IMAGE_TOKEN = 151343
 TOKENIZERS = {"byte": (4700, 4), "glm": (1000, 1)}   # system prompt tokens, reply expansion
 
@@ -91,7 +93,7 @@ def simulate(agents: int, steps: int, tokenizer: str, output_len: int = 128,
     conversations = Agents(agents, steps, *TOKENIZERS[tokenizer], output_len)
     now, ttfts, turns_done = 0.0, [], 0
     in_progress = None      # the image whose blocks are part run
-    cost_left = 0.0         # ...and what its remaining blocks cost
+    blocks_left = 0         # ...and how many of its blocks are left
     restarts = 0            # images begun while another's blocks were part run (lost work)
     last_token_at: dict[str, float] = {}
     gaps_ms = []            # between one request's tokens
@@ -110,11 +112,13 @@ def simulate(agents: int, steps: int, tokenizer: str, output_len: int = 128,
             key = todo[1].content_hash
             if key != in_progress:      # as ImageEncoder.encode: another image starts over
                 restarts += in_progress is not None
-                cost_left = IMAGE_COST
-            block = IMAGE_COST / IMAGE_BLOCKS
-            vision = min(max(1, int(left // block)) * block, cost_left)
-            cost_left -= vision
-            in_progress = key if cost_left > 1e-6 else None
+                blocks_left = IMAGE_BLOCKS
+            n = max(1, min(blocks_left, int(left // BLOCK_COST)))
+            if n == blocks_left and n > 1 and n * BLOCK_COST + MERGER_COST > left:
+                n -= 1
+            blocks_left -= n
+            vision = n * BLOCK_COST + (MERGER_COST if not blocks_left else 0)
+            in_progress = key if blocks_left else None
             if in_progress is None:
                 encoded.add(key)
         # as EngineCore._encode_images: the blocks run may cost more than was left (at least

@@ -2,6 +2,8 @@
 one forward, running decodes advance every step while a screenshot is encoded, each step's
 vision work stays within what the decodes leave of the budget, and the answers equal those of
 an engine that encodes whole images."""
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -37,6 +39,35 @@ def test_blocks_in_steps_equal_one_forward(checkpoint):
                 encoding.result()
             encoding.advance(1)
         assert torch.equal(encoding.result(), whole)
+
+
+def test_the_merger_is_priced_into_the_step_that_runs_the_last_block(checkpoint):
+    """The downsample and patch merger run with the last block; a budget that pays for the
+    last blocks but not for them leaves the last block to the next step."""
+    from transformers import AutoTokenizer
+    from autoglm_serve.engine.core.image_encoder import ImageEncoder
+    from autoglm_serve.multimodal.encoder_cache import EncoderCache
+    llm = LLM(str(checkpoint), dtype="float32", max_model_len=2048, num_kv_blocks=256)
+    model = llm.engine.core.runner.model
+    item = _agent_prompt(llm, AutoTokenizer.from_pretrained(checkpoint), 4).mm_items[0]
+    patches = item.grid_thw[0] * item.grid_thw[1] * item.grid_thw[2]
+    token = model.flops_per_text_token()
+    block = model.visual.block_flops([patches]) / token
+    finish = model.visual.finish_flops(patches) / token
+    depth = len(model.visual.blocks)
+    assert depth == 2 and 0.2 * block < finish < 2 * block
+
+    encoder = ImageEncoder(model, EncoderCache(), torch.device("cpu"))
+    assert encoder.encode(item, 2 * block + finish - 0.01) == math.ceil(block)
+    assert encoder.in_progress == item.content_hash
+    assert encoder.encode(item, 2 * block + finish - 0.01) == math.ceil(block + finish)
+    assert encoder.ready(item) and encoder.in_progress is None
+
+    whole = ImageEncoder(model, EncoderCache(), torch.device("cpu"))
+    assert whole.encode(item, 2 * block + finish) == math.ceil(2 * block + finish)
+    assert whole.ready(item) and whole.blocks_run == depth
+    assert torch.equal(whole.cache.entries[item.content_hash],
+                       encoder.cache.entries[item.content_hash])
 
 
 def _agent_prompt(llm, tokenizer, seed):

@@ -34,7 +34,8 @@ class ImageEncoder:
         self.cache = cache
         self.device = device
         self.token_flops = model.flops_per_text_token()
-        self._current = None    # (content hash, VisionEncoding, block cost in tokens)
+        # (content hash, VisionEncoding, a block's cost and the merger's in tokens)
+        self._current = None
         self.blocks_run = 0
 
     def ready(self, item: MultiModalItem) -> bool:
@@ -52,20 +53,27 @@ class ImageEncoder:
     @torch.inference_mode()
     def encode(self, item: MultiModalItem, budget_tokens: int) -> int:
         """Runs as many of this image's remaining blocks as the budget pays for (at least
-        one), begun now if it is not the one in progress; the embeddings go to the encoder
-        cache after the last. Returns the budget used, in token-equivalents."""
+        one), begun now if it is not the one in progress; the last block brings the merger
+        with it, and the embeddings go to the encoder cache. Returns the budget used, in
+        token-equivalents."""
         if self._current is None or self._current[0] != item.content_hash:
             encoding = self.model.begin_images(item.patches(self.device), [item.grid_thw])
-            cost = self.model.visual.block_flops(encoding.frame_lens) / self.token_flops
-            self._current = (item.content_hash, encoding, cost)
-        content_hash, encoding, cost = self._current
+            tower = self.model.visual
+            cost = tower.block_flops(encoding.frame_lens) / self.token_flops
+            finish = tower.finish_flops(sum(encoding.frame_lens)) / self.token_flops
+            self._current = (item.content_hash, encoding, cost, finish)
+        content_hash, encoding, cost, finish = self._current
         n = max(1, min(encoding.blocks_left, int(budget_tokens // cost)))
+        if n == encoding.blocks_left and n > 1 and n * cost + finish > budget_tokens:
+            n -= 1      # the merger does not fit beside them: the last block waits for it
         encoding.advance(n)
         self.blocks_run += n
+        used = n * cost
         if not encoding.blocks_left:
             self.cache.put(content_hash, encoding.result(), encoded_ahead=True)
             self._current = None
-        return math.ceil(n * cost)
+            used += finish
+        return math.ceil(used)
 
     def state_bytes(self, item: MultiModalItem) -> int:
         """What an encoding in progress holds between steps for this image: hidden states and
