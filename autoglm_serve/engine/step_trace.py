@@ -10,7 +10,9 @@ blocking: an eager prompt step's launch is CPU (~20-30 ms of it on the H100 mach
 BENCHMARKS.md of 2026-12-07), and where that is longer than the step before it on the device,
 the device waits for the host. On a GPU a line also counts the caching allocator's cudaFree
 calls and retries during the step: each frees cached blocks and synchronizes the device, so a
-step that launches into a full cache waits there for everything queued before it.
+step that launches into a full cache waits there for everything queued before it. With
+AUTOGLM_SLOW_LAUNCH_MS, a launch over that long also gets its sampled stacks
+(engine/launch_sampler.py).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ class StepRecord:
     launch_cpu_s: float            # of which this thread's CPU time: the rest it was blocked
     wait_s: float                  # completing the step before: mostly the wait for the device
     sync_s: float | None           # completing this step at once (None: left in flight)
+    launch_stacks: dict | None = None   # the launch's sampled stacks, if slow (launch_sampler.py)
 
 
 def step_rows(record: StepRecord | None) -> tuple[int, int, int]:
@@ -75,6 +78,8 @@ class StepTrace:
                         launch_cpu_ms=round(1e3 * record.launch_cpu_s, 3),
                         wait_ms=round(1e3 * record.wait_s, 3),
                         sync_ms=None if record.sync_s is None else round(1e3 * record.sync_s, 3))
+            if record.launch_stacks is not None:
+                line["launch_stacks"] = record.launch_stacks
         line.update(self._allocator_syncs())
         self._file.write(json.dumps(line) + "\n")
 

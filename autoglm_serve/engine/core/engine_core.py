@@ -24,6 +24,7 @@ from autoglm_serve.engine.core.runner import InFlightStep, ModelRunner
 from autoglm_serve.engine.core.scheduler import Scheduler
 from autoglm_serve.engine.core.warm_up import warm_up
 from autoglm_serve.engine.settings import EngineSettings
+from autoglm_serve.engine import launch_sampler
 from autoglm_serve.engine.step_trace import StepRecord
 from autoglm_serve.engine.core.sampler import SamplerOutput, make_generator
 from autoglm_serve.models.layers.attention import AttentionBackend
@@ -79,6 +80,7 @@ class EngineCore:
         self.settings = settings
         self.device = config.resolve_device()
         self.workers = None     # ranks 1..N-1 under tensor parallelism (engine/parallel/)
+        self.launch_sampler = None
         if config.tensor_parallel_size > 1:
             if loaded is not None:
                 raise ValueError("a loaded model cannot be shared by a tensor-parallel engine")
@@ -124,6 +126,8 @@ class EngineCore:
                                    config.decode_step_tokens)
         self._inflight: InFlightStep | None = None
         self.last_step: StepRecord | None = None     # what the last step did (step_trace.py)
+        # where slow launches spend the core thread (AUTOGLM_SLOW_LAUNCH_MS, with a trace)
+        self.launch_sampler = launch_sampler.from_env() if config.step_trace_path else None
         self.isolation = FaultIsolation(self.max_num_batched_tokens, self.runner.release_memory)
         self._failed: list[CoreOutput] = []     # requests failed outside a step's outputs
         self.requests: dict[str, Request] = {}
@@ -155,7 +159,10 @@ class EngineCore:
                            self.config.resolve_kv_cache_dtype(self.loaded.dtype))
 
     def shutdown(self) -> None:
-        """Stops the tensor-parallel workers (nothing to do on one device)."""
+        """Stops the tensor-parallel workers and the launch sampler's thread, if any."""
+        if self.launch_sampler is not None:
+            self.launch_sampler.close()
+            self.launch_sampler = None
         if self.workers is not None:
             self.workers.close()
 
@@ -298,6 +305,9 @@ class EngineCore:
         sched = self.scheduler.schedule(budget - encoded)
         t2, cpu2 = time.perf_counter(), time.thread_time()
         launched = None
+        sampler = self.launch_sampler if not sched.is_empty else None
+        if sampler is not None:
+            sampler.begin()
         if not sched.is_empty:
             try:
                 launched = self.runner.launch(sched.scheduled)
@@ -310,6 +320,7 @@ class EngineCore:
                 self.scheduler.update_after_launch(sched.scheduled)
                 self.isolation.steps_succeeded()
         t3, launch_cpu = time.perf_counter(), time.thread_time() - cpu2
+        launch_stacks = sampler.end() if sampler is not None else None
         outputs = self._complete(self._inflight) if self._inflight is not None else []
         t4 = time.perf_counter()
         self._inflight = launched
@@ -318,7 +329,8 @@ class EngineCore:
             outputs += self._complete(launched)
             self._inflight = None
         self.last_step = StepRecord(sched, encoded, t1 - t0, t2 - t1, t3 - t2, launch_cpu,
-                                    t4 - t3, time.perf_counter() - t4 if synced else None)
+                                    t4 - t3, time.perf_counter() - t4 if synced else None,
+                                    launch_stacks)
         return outputs
 
     def _encode_images(self, step_budget: int) -> int:
