@@ -21,6 +21,7 @@ shapes replaced by a tiny GLM-4.1V (the check that this script works, not a figu
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import re
@@ -114,7 +115,19 @@ def trace_summary(path: str, start: float, end: float) -> dict:
         decode_rows_mean=statistics.mean(s["decode_rows"] for s in steps),
         prompt_tokens_per_step=statistics.mean(s["prompt_tokens"] for s in steps),
         encoder_tokens_per_step=statistics.mean(s["encoder_tokens"] for s in steps),
-        slow_decode_steps=slow_decode_steps(steps), step_cost=step_cost_fit(steps))
+        slow_decode_steps=slow_decode_steps(steps), step_cost=step_cost_fit(steps),
+        slow_launch_stacks=slow_launch_stacks(steps))
+
+
+def slow_launch_stacks(steps: list[dict], top: int = 5) -> list[list]:
+    """The stacks sampled in slow launches (AUTOGLM_SLOW_LAUNCH_MS, engine/launch_sampler.py),
+    summed over the run, most frequent first: [stack, samples, launches]."""
+    samples, launches = collections.Counter(), collections.Counter()
+    for s in steps:
+        for stack, n in (s.get("launch_stacks") or {}).get("stacks", ()):
+            samples[stack] += n
+            launches[stack] += 1
+    return [[stack, n, launches[stack]] for stack, n in samples.most_common(top)]
 
 
 def step_cost_fit(steps: list[dict]) -> dict | None:
@@ -246,6 +259,11 @@ def markdown(rows: list[dict], peak: float) -> str:
             lines.append(f"| {r['agents']} | {r['mode']} | {f['intercept_ms']:.2f} | "
                          f"{f['prompt_token_ms']:.4f} | {f['vision_token_ms']:.4f} | "
                          f"{f['decode_row_ms']:.3f} | {fmt(f['vision_over_prompt'], 2)} |")
+    for r in rows:
+        stacks = (r.get("trace") or {}).get("slow_launch_stacks")
+        if stacks:
+            lines += ["", f"Slow launches' stacks, {r['agents']} agents (samples, launches):"]
+            lines += [f"- {n}, {k}: {stack}" for stack, n, k in stacks]
     return "\n".join(lines)
 
 
