@@ -10,8 +10,9 @@ blocking: an eager prompt step's launch is CPU (~20-30 ms of it on the H100 mach
 BENCHMARKS.md of 2026-12-07), and where that is longer than the step before it on the device,
 the device waits for the host. On a GPU a line also counts the caching allocator's cudaFree
 calls and retries during the step: each frees cached blocks and synchronizes the device, so a
-step that launches into a full cache waits there for everything queued before it. With
-AUTOGLM_SLOW_LAUNCH_MS, a launch over that long also gets its sampled stacks
+step that launches into a full cache waits there for everything queued before it; and its
+cudaMalloc calls and the pinned host allocator's new blocks, which may wait for the device
+too. With AUTOGLM_SLOW_LAUNCH_MS, a launch over that long also gets its sampled stacks
 (engine/launch_sampler.py).
 """
 from __future__ import annotations
@@ -53,16 +54,30 @@ def step_rows(record: StepRecord | None) -> tuple[int, int, int]:
 class StepTrace:
     def __init__(self, path: str):
         self._file = open(path, "a", buffering=1)   # line-buffered: readable while it runs
-        self._allocator = (0, 0)
+        self._counters: dict[str, float] = {}
 
-    def _allocator_syncs(self) -> dict:
-        """cudaFree calls and allocation retries since the last line (none off a GPU)."""
+    def _allocator_calls(self) -> dict:
+        """Since the last line: the device allocator's cudaFree calls and retries (each
+        synchronizes the device) and its cudaMalloc calls, and the pinned host allocator's
+        new blocks and the milliseconds their allocation took (a new pinned block is
+        page-locked and mapped for the device: it may wait for the device too). None off a
+        GPU."""
         if not torch.cuda.is_available() or not torch.cuda.is_initialized():
             return {}
-        stats = torch.cuda.memory_stats()
-        now = (stats.get("num_device_free", 0), stats.get("num_alloc_retries", 0))
-        (frees, retries), self._allocator = (a - b for a, b in zip(now, self._allocator)), now
-        return {"device_frees": frees, "alloc_retries": retries}
+        device = torch.cuda.memory_stats()
+        now = {"device_frees": device.get("num_device_free", 0),
+               "alloc_retries": device.get("num_alloc_retries", 0),
+               "device_allocs": device.get("num_device_alloc", 0)}
+        host_stats = getattr(torch.cuda, "host_memory_stats", None)     # not in older torch
+        if host_stats is not None:
+            host = host_stats()
+            now["host_allocs"] = host.get("num_host_alloc", 0)
+            now["host_alloc_ms"] = host.get("host_alloc_time.total", 0) / 1e3
+        deltas = {k: v - self._counters.get(k, 0) for k, v in now.items()}
+        self._counters = now
+        if "host_alloc_ms" in deltas:
+            deltas["host_alloc_ms"] = round(deltas["host_alloc_ms"], 3)
+        return deltas
 
     def step_done(self, core, seconds: float) -> None:
         record = core.last_step
@@ -80,7 +95,7 @@ class StepTrace:
                         sync_ms=None if record.sync_s is None else round(1e3 * record.sync_s, 3))
             if record.launch_stacks is not None:
                 line["launch_stacks"] = record.launch_stacks
-        line.update(self._allocator_syncs())
+        line.update(self._allocator_calls())
         self._file.write(json.dumps(line) + "\n")
 
     def close(self) -> None:

@@ -169,6 +169,9 @@ def slow_decode_steps(steps: list[dict]) -> dict:
                    for k in ("ms", "decode_rows", "prompt_tokens", "encoder_tokens")},
                 with_encoder=sum(1 for s in this if s["encoder_tokens"]),
                 with_device_frees=sum(1 for s in this if s.get("device_frees")),
+                with_device_allocs=sum(1 for s in this if s.get("device_allocs")),
+                with_host_allocs=sum(1 for s in this if s.get("host_allocs")),
+                host_alloc_ms_run=sum(s.get("host_alloc_ms", 0.0) for s in steps),
                 device_frees_run=sum(s.get("device_frees", 0) for s in steps),
                 alloc_retries_run=sum(s.get("alloc_retries", 0) for s in steps),
                 before_with_encoder=sum(1 for s in before if s["encoder_tokens"]))
