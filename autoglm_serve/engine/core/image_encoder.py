@@ -20,6 +20,7 @@ start-up was tried and dropped: where that forward is host-bound it reads the ho
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -28,14 +29,20 @@ from autoglm_serve.multimodal.encoder_cache import EncoderCache
 from autoglm_serve.multimodal.inputs import MultiModalItem
 
 
+class _InProgress(NamedTuple):
+    content_hash: str
+    encoding: object            # the tower's VisionEncoding
+    block_cost: float           # a block's price in token-equivalents
+    merger_cost: float          # ...and the downsample and merger's, run with the last block
+
+
 class ImageEncoder:
     def __init__(self, model: nn.Module, cache: EncoderCache, device: torch.device):
         self.model = model
         self.cache = cache
         self.device = device
         self.token_flops = model.flops_per_text_token()
-        # (content hash, VisionEncoding, a block's cost and the merger's in tokens)
-        self._current = None
+        self._current: _InProgress | None = None
         self.blocks_run = 0
 
     def ready(self, item: MultiModalItem) -> bool:
@@ -44,7 +51,7 @@ class ImageEncoder:
     @property
     def in_progress(self) -> str | None:
         """The content hash of the image whose blocks are part run, if any."""
-        return self._current[0] if self._current is not None else None
+        return self._current.content_hash if self._current is not None else None
 
     def reset(self) -> None:
         """Drops the encoding in progress (after running out of memory: its states go)."""
@@ -56,12 +63,13 @@ class ImageEncoder:
         one), begun now if it is not the one in progress; the last block brings the merger
         with it, and the embeddings go to the encoder cache. Returns the budget used, in
         token-equivalents."""
-        if self._current is None or self._current[0] != item.content_hash:
+        if self.in_progress != item.content_hash:
             encoding = self.model.begin_images(item.patches(self.device), [item.grid_thw])
             tower = self.model.visual
-            cost = tower.block_flops(encoding.frame_lens) / self.token_flops
-            finish = tower.finish_flops(sum(encoding.frame_lens)) / self.token_flops
-            self._current = (item.content_hash, encoding, cost, finish)
+            self._current = _InProgress(
+                item.content_hash, encoding,
+                tower.block_flops(encoding.frame_lens) / self.token_flops,
+                tower.finish_flops(sum(encoding.frame_lens)) / self.token_flops)
         content_hash, encoding, cost, finish = self._current
         n = max(1, min(encoding.blocks_left, int(budget_tokens // cost)))
         if n == encoding.blocks_left and n > 1 and n * cost + finish > budget_tokens:
