@@ -33,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from autoglm_serve.engine.core.image_encoder import blocks_to_run  # noqa: E402
 from autoglm_serve.engine.core.kv_cache import KVCacheManager  # noqa: E402
 from autoglm_serve.engine.core.request import Request, RequestStatus  # noqa: E402
 from autoglm_serve.engine.core.scheduler import Scheduler  # noqa: E402
@@ -113,9 +114,7 @@ def simulate(agents: int, steps: int, tokenizer: str, output_len: int = 128,
             if key != in_progress:      # as ImageEncoder.encode: another image starts over
                 restarts += in_progress is not None
                 blocks_left = IMAGE_BLOCKS
-            n = max(1, min(blocks_left, int(left // BLOCK_COST)))
-            if n == blocks_left and n > 1 and n * BLOCK_COST + MERGER_COST > left:
-                n -= 1
+            n = blocks_to_run(blocks_left, left, BLOCK_COST, MERGER_COST)
             blocks_left -= n
             vision = n * BLOCK_COST + (MERGER_COST if not blocks_left else 0)
             in_progress = key if blocks_left else None

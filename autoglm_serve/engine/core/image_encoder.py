@@ -36,6 +36,16 @@ class _InProgress(NamedTuple):
     merger_cost: float          # ...and the downsample and merger's, run with the last block
 
 
+def blocks_to_run(blocks_left: int, budget_tokens: float, block_cost: float,
+                  merger_cost: float) -> int:
+    """How many of an image's remaining blocks a step's budget pays for: at least one, and
+    the last only with the merger that runs after it."""
+    n = max(1, min(blocks_left, int(budget_tokens // block_cost)))
+    if n == blocks_left and n > 1 and n * block_cost + merger_cost > budget_tokens:
+        n -= 1      # the merger does not fit beside them: the last block waits for it
+    return n
+
+
 class ImageEncoder:
     def __init__(self, model: nn.Module, cache: EncoderCache, device: torch.device):
         self.model = model
@@ -71,9 +81,7 @@ class ImageEncoder:
                 tower.block_flops(encoding.frame_lens) / self.token_flops,
                 tower.finish_flops(sum(encoding.frame_lens)) / self.token_flops)
         content_hash, encoding, cost, finish = self._current
-        n = max(1, min(encoding.blocks_left, int(budget_tokens // cost)))
-        if n == encoding.blocks_left and n > 1 and n * cost + finish > budget_tokens:
-            n -= 1      # the merger does not fit beside them: the last block waits for it
+        n = blocks_to_run(encoding.blocks_left, budget_tokens, cost, finish)
         encoding.advance(n)
         self.blocks_run += n
         used = n * cost
