@@ -79,4 +79,3 @@ def test_without_the_variable_nothing_is_sampled(tmp_path, monkeypatch):
     llm = LLM(str(path), skip_tokenizer_init=True, block_size=8, num_kv_blocks=128,
               step_trace_path=str(tmp_path / "steps.jsonl"))
     assert llm.engine.core.launch_sampler is None
-

@@ -27,8 +27,8 @@ def test_no_turn_starves_behind_later_turns(tokenizer):
 
 def test_decode_step_budget_bounds_what_decoding_requests_wait_for():
     """With a budget while requests decode, no gap between a request's tokens is longer than a
-    step of that budget (16 decode rows, at most one vision block and the merger past it); without it, gaps
-    last whole 2,048-token steps."""
+    step of that budget (16 decode rows, at most one vision block and the merger past it);
+    without it, gaps last whole 2,048-token steps."""
     from phone_agent_schedule_sim import BLOCK_COST, MERGER_COST, step_ms
     capped = simulate(16, 2, "glm", decode_step_tokens=512)
     whole = simulate(16, 2, "glm")
