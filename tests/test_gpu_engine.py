@@ -244,6 +244,31 @@ def test_decode_graphs_keep_one_batch_of_logits_and_the_memory_plan_counts_them(
     assert all(len(o.outputs[0].token_ids) == 4 for o in outs)
 
 
+def test_a_kernel_that_fails_its_check_is_replaced_before_the_memory_plan(tmp_path,
+                                                                           monkeypatch):
+    """The start-up memory plan measures the worst step on what will serve: an attention
+    backend that fails its self-check is replaced by PyTorch's before the plan runs (PyTorch's
+    attention peaks higher; measured on the Triton kernels, the KV cache could take that
+    memory), and the engine then serves on it."""
+    from autoglm_serve.engine.core import memory_plan
+    from autoglm_serve.models.layers.triton_attention import TritonAttentionBackend
+    monkeypatch.setattr(TritonAttentionBackend, "self_check", lambda self, *a, **kw: False)
+    measured_on = []
+    profile = memory_plan.profile_worst_step
+
+    def recording(runner, *args, **kwargs):
+        measured_on.append(runner.backend.name)
+        return profile(runner, *args, **kwargs)
+    monkeypatch.setattr(memory_plan, "profile_worst_step", recording)
+    llm = LLM(str(build(tmp_path, "glm4")), skip_tokenizer_init=True, dtype="bfloat16",
+              block_size=16, max_num_batched_tokens=128, max_num_seqs=8,
+              gpu_memory_utilization=0.3)
+    assert measured_on == ["torch"]
+    assert llm.engine.core.runner.backend.name == "torch"
+    out = llm.generate([[3, 4, 5]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 4
+
+
 def _png_url(k: int, width: int, height: int) -> str:
     import base64
     import io

@@ -105,6 +105,10 @@ class EngineCore:
         self.max_num_batched_tokens = settings.max_num_batched_tokens
         self.vocab_size = settings.vocab_size
         self.runner = self._make_runner()
+        if self.device.type == "cuda":
+            from autoglm_serve.kernels import compile_watch
+            compile_watch.watch(False)
+            self.runner.check_kernels()
         self.cache = size_kv_cache(config, self.runner, self.device, self.max_model_len,
                                    self.loaded)
         if self.workers is not None:    # every rank's cache holds as many blocks
@@ -135,14 +139,6 @@ class EngineCore:
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
         if self.device.type == "cuda":
-            from autoglm_serve.engine.core.kernel_checks import check_fused_ops
-            from autoglm_serve.kernels import compile_watch, gemv
-            compile_watch.watch(False)
-            check_fused_ops(self.device, self.loaded.dtype)
-            gemv.self_check(self.device, self.loaded.dtype)   # before capture: it compiles
-            from autoglm_serve.quantization.kernel_checks import check_decode_kernels
-            check_decode_kernels(self.loaded.model, self.device, self.loaded.dtype)
-            self.runner.check_backend()
             capture = self.runner.wants_cuda_graphs(config)
             if self.workers is not None:
                 capture = bool(self.workers.agree_min(int(capture)))

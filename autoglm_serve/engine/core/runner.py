@@ -168,6 +168,20 @@ class ModelRunner:
         return ids, pos, meta, logits_index
 
     # ---- step -----------------------------------------------------------------------------
+    def check_kernels(self) -> None:
+        """Start-up checks of every Triton kernel this model may run against its PyTorch twin
+        (the fused elementwise ops, the GEMVs, the quantized decode kernels, the attention
+        backend); one that fails is switched off for PyTorch's. They run before the memory plan,
+        which must measure what runs (a fallback's peak, not the kernel's), and before capture
+        (they compile)."""
+        from autoglm_serve.engine.core.kernel_checks import check_fused_ops
+        from autoglm_serve.kernels import gemv
+        from autoglm_serve.quantization.kernel_checks import check_decode_kernels
+        check_fused_ops(self.device, self.dtype)
+        gemv.self_check(self.device, self.dtype)
+        check_decode_kernels(self.model, self.device, self.dtype)
+        self.check_backend()
+
     def check_backend(self) -> None:
         """Start-up check of the attention backend at this model's shapes: one whose kernels
         fail or disagree with PyTorch is replaced by the PyTorch reference backend, so a kernel

@@ -77,17 +77,12 @@ class Worker:
             loaded.dtype, config.block_size, settings.max_model_len, config.max_num_seqs,
             settings.max_num_batched_tokens, settings.vocab_size)
         runner.layout = ParallelLayout(rank, world, config.mm_encoder_tp_mode)
+        if self.device.type == "cuda":
+            runner.check_kernels()
         sizing = size_kv_cache(config, runner, self.device, settings.max_model_len, loaded)
         runner.allocate_kv_cache(agree_min(self.groups, sizing.num_blocks))
         runner.encoder_cache = None       # rank 0's cache decides what is encoded
         if self.device.type == "cuda":
-            from autoglm_serve.engine.core.kernel_checks import check_fused_ops
-            from autoglm_serve.kernels import gemv
-            check_fused_ops(self.device, loaded.dtype)
-            gemv.self_check(self.device, loaded.dtype)
-            from autoglm_serve.quantization.kernel_checks import check_decode_kernels
-            check_decode_kernels(loaded.model, self.device, loaded.dtype)
-            runner.check_backend()
             if agree_min(self.groups, int(runner.wants_cuda_graphs(config))):
                 runner.capture_cuda_graphs()
 
