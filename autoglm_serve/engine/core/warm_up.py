@@ -6,6 +6,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from autoglm_serve.engine.core.linear_warm_up import warm_up_linears
 from autoglm_serve.engine.core.memory_plan import image_processor
 from autoglm_serve.engine.core.request import Request
 from autoglm_serve.sampling_params import SamplingParams
@@ -20,8 +21,13 @@ def warm_up(self: EngineCore) -> None:
     """Runs the shapes a server meets first (lone and batched prefills, mixed steps, a
     prefix-cache hit, and for a vision model one phone screenshot) so Triton compiles its
     kernel variants and cuDNN plans its attention now, not during the first user requests
-    (a compile costs about a second of TTFT)."""
+    (a compile costs about a second of TTFT); on a GPU, first the linear layers at every row
+    count, so that CUDA loads their GEMM kernels now (linear_warm_up.py)."""
     start = time.monotonic()
+    if self.device.type == "cuda":
+        linears_s = warm_up_linears(self.loaded.model, self.loaded.dtype,
+                                    self.max_num_batched_tokens, self.config.max_num_seqs)
+        logger.info("the linear layers at every row count in %.1f s", linears_s)
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     # Triton specializes the decode GEMVs' row count when it is a multiple of 16, so the
     # 16-row CUDA graph compiles only that variant, and eager steps of 9-15 rows compiled the

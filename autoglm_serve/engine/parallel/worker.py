@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 
 import torch
 
+from autoglm_serve.engine.core.linear_warm_up import warm_up_linears
 from autoglm_serve.engine.parallel.distributed import (agree_min, broadcast_object,
                                                        destroy_groups, init_groups, rank_device)
 from autoglm_serve.engine.parallel.layout import ParallelLayout
@@ -85,6 +86,8 @@ class Worker:
         if self.device.type == "cuda":
             if agree_min(self.groups, int(runner.wants_cuda_graphs(config))):
                 runner.capture_cuda_graphs()
+            warm_up_linears(loaded.model, loaded.dtype, settings.max_num_batched_tokens,
+                            config.max_num_seqs)
 
     def serve(self) -> None:
         while True:
