@@ -130,16 +130,23 @@ def slow_launch_stacks(steps: list[dict], top: int = 5) -> list[list]:
     return [[stack, n, launches[stack]] for stack, n in samples.most_common(top)]
 
 
+# a line's wait for the step before it under which the device was idle: the host was the bound
+HOST_BOUND_WAIT_MS = 0.5
+
+
 def step_cost_fit(steps: list[dict]) -> dict | None:
     """A step's device time as a least-squares fit of what it carried: ms = intercept + a
     prompt token x n + a vision token-equivalent (as the encoder priced it) x n + a decode row
     x n. With async scheduling a step's line times its wait for the step before it, so each
     line is fitted against the contents of the line before (steps that ran nothing left out).
-    vision_over_prompt near 1 says the encoder's price matches the device; the intercept is
-    mostly the weights read once a step."""
+    A line that did not wait (under HOST_BOUND_WAIT_MS) timed the host's launch, not the
+    device: left out too. vision_over_prompt near 1 says the encoder's price matches the
+    device; the intercept is mostly the weights read once a step."""
     rows, ms = [], []
     for before, after in zip(steps, steps[1:]):
-        if before["decode_rows"] + before["prompt_tokens"] + before["encoder_tokens"]:
+        carried = before["decode_rows"] + before["prompt_tokens"] + before["encoder_tokens"]
+        wait = after.get("wait_ms")     # None in traces older than the field
+        if carried and (wait is None or wait >= HOST_BOUND_WAIT_MS):
             rows.append([1.0, before["prompt_tokens"], before["encoder_tokens"],
                          before["decode_rows"]])
             ms.append(after["ms"])
