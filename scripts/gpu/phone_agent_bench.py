@@ -116,7 +116,20 @@ def trace_summary(path: str, start: float, end: float) -> dict:
         prompt_tokens_per_step=statistics.mean(s["prompt_tokens"] for s in steps),
         encoder_tokens_per_step=statistics.mean(s["encoder_tokens"] for s in steps),
         slow_decode_steps=slow_decode_steps(steps), step_cost=step_cost_fit(steps),
-        slow_launch_stacks=slow_launch_stacks(steps))
+        prompt_launches=prompt_launches(steps), slow_launch_stacks=slow_launch_stacks(steps))
+
+
+def prompt_launches(steps: list[dict]) -> dict:
+    """The host's CPU time launching the steps that carry prompt tokens: its median, p99 and
+    max, and how many took over 60 ms (a kernel loaded or compiled mid-run, the host
+    stalled)."""
+    cpu = sorted(s["launch_cpu_ms"] for s in steps
+                 if s["prompt_tokens"] and s.get("launch_cpu_ms") is not None)
+    if not cpu:
+        return {}
+    return dict(count=len(cpu), cpu_p50_ms=cpu[len(cpu) // 2],
+                cpu_p99_ms=cpu[int(0.99 * (len(cpu) - 1))], cpu_max_ms=cpu[-1],
+                over_60ms=sum(1 for ms in cpu if ms > 60))
 
 
 def slow_launch_stacks(steps: list[dict], top: int = 5) -> list[list]:
@@ -247,8 +260,9 @@ def markdown(rows: list[dict], peak: float) -> str:
     lines += ["", "Step trace (seconds of the run in each kind of step; idle: no step ran):", "",
               "| agents | sampling | steps | step p50 / p99 / max ms | steps > 40 ms (decoding) | "
               "decode-only s (mean ms) | with prompt chunks s | with vision blocks s | idle s | "
-              "decode rows / prompt tokens / vision tokens a step |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "decode rows / prompt tokens / vision tokens a step | prompt launches' CPU p50 / "
+              "p99 / max ms (over 60 ms) |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         t = r.get("trace") or {}
         if not t:
@@ -258,7 +272,9 @@ def markdown(rows: list[dict], peak: float) -> str:
             f"{t['step_p99_ms']:.1f} / {t['step_max_ms']:.1f} | {t['steps_over_40ms']} "
             f"({t['slow_decode_steps']['count']}) | {t['decode_only_s']:.2f} ({t['decode_only_ms_mean']:.1f}) | {t['prompt_s']:.2f} | "
             f"{t['encoder_s']:.2f} | {t['idle_s']:.2f} | {t['decode_rows_mean']:.1f} / "
-            f"{t['prompt_tokens_per_step']:.0f} / {t['encoder_tokens_per_step']:.0f} |")
+            f"{t['prompt_tokens_per_step']:.0f} / {t['encoder_tokens_per_step']:.0f} | "
+            + (f"{p['cpu_p50_ms']:.1f} / {p['cpu_p99_ms']:.1f} / {p['cpu_max_ms']:.1f} "
+               f"({p['over_60ms']}) |" if (p := t.get("prompt_launches")) else "- |"))
     fits = [(r, r["trace"]["step_cost"]) for r in rows if (r.get("trace") or {}).get("step_cost")]
     if fits:
         lines += ["", "A step's cost, fitted to the trace (its wait against what the step before "

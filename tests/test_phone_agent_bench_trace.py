@@ -1,13 +1,13 @@
-"""scripts/gpu/phone_agent_bench.py's fit of a step's device time to what it carried, on a
-step trace with known costs: lines where the host was the bound (no wait for the device) time
-the host's launch and must not bend the fit."""
+"""scripts/gpu/phone_agent_bench.py's reading of a step trace with known costs: the fit of a
+step's device time to what it carried, where lines that the host bound (no wait for the device)
+time the host's launch and must not bend it; the prompt steps' launch times."""
 import random
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "gpu"))
 
-from phone_agent_bench import HOST_BOUND_WAIT_MS, step_cost_fit  # noqa: E402
+from phone_agent_bench import HOST_BOUND_WAIT_MS, prompt_launches, step_cost_fit  # noqa: E402
 
 COST = dict(intercept_ms=5.5, prompt_token_ms=0.029, vision_token_ms=0.031, decode_row_ms=0.2)
 
@@ -47,3 +47,14 @@ def test_traces_without_waits_are_fitted_on_every_line():
              for line in trace(100, host_bound_every=10**6)]
     fit = step_cost_fit(lines)
     assert abs(fit["prompt_token_ms"] - COST["prompt_token_ms"]) < 1e-3 * COST["prompt_token_ms"]
+
+
+def test_prompt_launches_count_the_slow_ones_among_prompt_steps_only():
+    lines = [dict(prompt_tokens=300 * (i % 2), launch_cpu_ms=float(10 + i)) for i in range(100)]
+    lines[3]["launch_cpu_ms"] = 150.0       # a prompt step's launch that loaded a kernel
+    lines[4]["launch_cpu_ms"] = 500.0       # a decode-only step: not a prompt launch
+    got = prompt_launches(lines)
+    assert got["count"] == 50
+    assert got["over_60ms"] == 1 + sum(10 + i > 60 for i in range(1, 100, 2))   # 150 and 71..109
+    assert got["cpu_max_ms"] == 150.0 and got["cpu_p50_ms"] == 63.0
+    assert prompt_launches([dict(prompt_tokens=0, launch_cpu_ms=1.0)]) == {}
