@@ -8,6 +8,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from autoglm_serve import LLM
 from autoglm_serve.engine.core.linear_warm_up import SWEPT_ROWS, warm_up_linears
+from autoglm_serve.engine.settings import default_step_tokens
 from tests.glm4v_fixtures import make_tiny_glm4v
 
 
@@ -33,4 +34,5 @@ def test_every_decoder_linear_runs_at_every_row_count_and_the_tower_at_none(tmp_
     assert rows_by_weight[head] == set(range(1, 7))
     tower_only = tower - decoder - {head}
     assert tower_only and not tower_only & rows_by_weight.keys()
-    assert SWEPT_ROWS >= llm.engine.core.max_num_batched_tokens  # the default budget, swept
+    # a server's default budget, swept whole
+    assert SWEPT_ROWS >= default_step_tokens(llm.engine.core.config, offline=False)

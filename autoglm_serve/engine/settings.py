@@ -16,6 +16,10 @@ from autoglm_serve.engine.core.model_setup import resolve, text_config
 from autoglm_serve.loader.model_path import ResolvedModel
 
 
+# a server's step budget when none is given (default_step_tokens says why)
+SERVER_STEP_TOKENS = 2048
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     config: EngineConfig
@@ -70,7 +74,7 @@ def default_step_tokens(config: EngineConfig, offline: bool) -> int:
     takes 8,192 above): a step's prompt chunks and images hold every decode in it, and the
     phone-agent workload bounds that time. A CPU keeps 2,048: its steps are compute."""
     if not offline:
-        return 2048
+        return SERVER_STEP_TOKENS
     device = config.resolve_device()
     if device.type != "cuda":
         return 2048

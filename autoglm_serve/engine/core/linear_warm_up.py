@@ -11,10 +11,11 @@ import time
 import torch
 from torch import nn
 
+from autoglm_serve.engine.settings import SERVER_STEP_TOKENS
 from autoglm_serve.models.layers.linear import LinearBase, dense_linear
 
-# the default step budget; larger (offline) steps last long enough that a load matters less
-SWEPT_ROWS = 2048
+# a server's step budget; larger (offline) steps last long enough that a load matters less
+SWEPT_ROWS = SERVER_STEP_TOKENS
 
 
 @torch.inference_mode()
