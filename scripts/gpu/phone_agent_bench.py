@@ -100,14 +100,14 @@ def trace_summary(path: str, start: float, end: float) -> dict:
                 steps.append(step)
     if not steps:
         return {}
-    ms = sorted(s["ms"] for s in steps)
+    step_p50, step_p99, step_max = p50_p99_max([s["ms"] for s in steps])
     decode_only = [s for s in steps if not s["prompt_tokens"] and not s["encoder_tokens"]]
     encoder = [s for s in steps if s["encoder_tokens"]]
     prompt = [s for s in steps if s["prompt_tokens"] and not s["encoder_tokens"]]
     seconds = lambda group: sum(s["ms"] for s in group) / 1e3   # noqa: E731
     return dict(
-        steps=len(steps), step_p50_ms=ms[len(ms) // 2], step_p99_ms=ms[int(0.99 * (len(ms) - 1))],
-        step_max_ms=ms[-1], steps_over_40ms=sum(1 for m in ms if m > 40),
+        steps=len(steps), step_p50_ms=step_p50, step_p99_ms=step_p99, step_max_ms=step_max,
+        steps_over_40ms=sum(1 for s in steps if s["ms"] > 40),
         decode_only_s=seconds(decode_only), prompt_s=seconds(prompt), encoder_s=seconds(encoder),
         launch_cpu_s=sum(s.get("launch_cpu_ms", 0.0) for s in steps) / 1e3,
         idle_s=max(0.0, (end - start) - seconds(steps)),
@@ -123,13 +123,19 @@ def prompt_launches(steps: list[dict]) -> dict:
     """The host's CPU time launching the steps that carry prompt tokens: its median, p99 and
     max, and how many took over 60 ms (a kernel loaded or compiled mid-run, the host
     stalled)."""
-    cpu = sorted(s["launch_cpu_ms"] for s in steps
-                 if s["prompt_tokens"] and s.get("launch_cpu_ms") is not None)
+    cpu = [s["launch_cpu_ms"] for s in steps
+           if s["prompt_tokens"] and s.get("launch_cpu_ms") is not None]
     if not cpu:
         return {}
-    return dict(count=len(cpu), cpu_p50_ms=cpu[len(cpu) // 2],
-                cpu_p99_ms=cpu[int(0.99 * (len(cpu) - 1))], cpu_max_ms=cpu[-1],
+    p50, p99, most = p50_p99_max(cpu)
+    return dict(count=len(cpu), cpu_p50_ms=p50, cpu_p99_ms=p99, cpu_max_ms=most,
                 over_60ms=sum(1 for ms in cpu if ms > 60))
+
+
+def p50_p99_max(values: list[float]) -> tuple[float, float, float]:
+    """Nearest-rank median, p99 and max of a non-empty list."""
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2], ordered[int(0.99 * (len(ordered) - 1))], ordered[-1]
 
 
 def slow_launch_stacks(steps: list[dict], top: int = 5) -> list[list]:
