@@ -74,7 +74,13 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = normalize_argv(argv)
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        # Ctrl-C while a model loads or a client command runs: one line, not a traceback
+        # (a serving server drains instead and exits 0); 130 is the shell's interrupted code
+        print("autoglm-serve: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """The command line: vLLM's flags, startup errors that say what is wrong, the start-up report,
-generation_config defaults, and graceful shutdown on SIGTERM (exit 0, in-flight requests done)."""
+generation_config defaults, and graceful shutdown on SIGTERM and on a terminal's Ctrl-C (exit 0,
+in-flight requests done)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -184,12 +186,13 @@ def test_reasoning_parser_flag_splits_by_default(tiny_server):
     assert split["reasoning_content"] == raw["content"] and split["content"] == ""
 
 
-def test_sigterm_finishes_in_flight_streams_and_exits_0(tiny_server):
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "tap the home button"}],
+def stop_mid_stream(server: ServerProcess, model: str, stop) -> None:
+    """Calls ``stop()`` at a stream's third chunk; the stream must still end complete, no new
+    connection be taken after it, and the server exit 0 without a traceback."""
+    body = {"model": model, "messages": [{"role": "user", "content": "tap the home button"}],
             "max_tokens": 900, "stream": True}
     chunks, finish, done = 0, None, False
-    with httpx.stream("POST", tiny_server.url("/v1/chat/completions"), json=body,
-                      timeout=120) as r:
+    with httpx.stream("POST", server.url("/v1/chat/completions"), json=body, timeout=120) as r:
         for line in r.iter_lines():
             if line == "data: [DONE]":
                 done = True
@@ -197,11 +200,49 @@ def test_sigterm_finishes_in_flight_streams_and_exits_0(tiny_server):
                 chunks += 1
                 finish = json.loads(line[6:])["choices"][0]["finish_reason"] or finish
                 if chunks == 3:
-                    tiny_server.proc.send_signal(signal.SIGTERM)
+                    stop()
                     time.sleep(0.3)
                     # No new connections once shutdown began.
                     with pytest.raises(httpx.HTTPError):
-                        httpx.get(tiny_server.url("/health"), timeout=5)
+                        httpx.get(server.url("/health"), timeout=5)
     assert done and finish == "length" and chunks >= 900 // 2
-    assert tiny_server.proc.wait(60) == 0
-    assert "Traceback" not in tiny_server.log()
+    assert server.proc.wait(60) == 0
+    assert "Traceback" not in server.log(10**6)
+
+
+def test_sigterm_finishes_in_flight_streams_and_exits_0(tiny_server):
+    stop_mid_stream(tiny_server, "tiny", lambda: tiny_server.proc.send_signal(signal.SIGTERM))
+
+
+def test_ctrl_c_while_the_model_loads_exits_130_without_a_traceback(tiny):
+    server = ServerProcess(["--model", str(tiny), "--max-model-len", "1024", "--dtype",
+                            "float32", "--kv-cache-memory-gib", "0.05"])
+    server.spawn()
+    try:
+        deadline = time.monotonic() + 60
+        while "loading " not in server.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "loading " in server.log()
+        os.killpg(server.proc.pid, signal.SIGINT)
+        assert server.proc.wait(60) == 130
+        log = server.log(10**6)
+        assert "interrupted" in log and "Traceback" not in log and "serving on" not in log
+        deadline = time.monotonic() + 20     # the engine core it was starting goes too
+        while server.processes() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not server.processes()
+    finally:
+        server.stop()
+
+
+def test_ctrl_c_finishes_in_flight_streams_and_exits_0(tiny):
+    """A terminal's Ctrl-C sends SIGINT to the whole process group (the server and its engine
+    core): uvicorn drains, and the re-raised SIGINT must not end in a KeyboardInterrupt."""
+    server = ServerProcess(["--model", str(tiny), "--served-model-name", "tiny",
+                            "--max-model-len", "1024", "--dtype", "float32",
+                            "--kv-cache-memory-gib", "0.05", "--graceful-shutdown-timeout", "60"])
+    server.start()
+    try:
+        stop_mid_stream(server, "tiny", lambda: os.killpg(server.proc.pid, signal.SIGINT))
+    finally:
+        server.stop()

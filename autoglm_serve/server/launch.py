@@ -106,9 +106,11 @@ async def _serve(engine, settings: ServerSettings, sock: socket.socket) -> None:
     config = uvicorn.Config(app, log_level=settings.uvicorn_log_level,
                             access_log=settings.access_log, timeout_keep_alive=30,
                             log_config=None)
-    # uvicorn re-raises a captured SIGTERM after its graceful shutdown; a no-op handler makes
-    # that re-raise harmless, so a SIGTERM'd server that drained cleanly exits 0.
-    signal.signal(signal.SIGTERM, lambda *_: None)
+    # uvicorn re-raises a captured SIGTERM or SIGINT (Ctrl-C) after its graceful shutdown, where
+    # asyncio.run's own SIGINT handler would turn the drained exit into a KeyboardInterrupt's
+    # traceback; no-op handlers make that re-raise harmless, so a server that drained exits 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     await DrainingServer(config, engine, settings.graceful_shutdown_timeout).serve(
         sockets=[sock])
 
