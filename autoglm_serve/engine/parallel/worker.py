@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 import threading
 import traceback
@@ -24,6 +23,7 @@ from autoglm_serve.engine.core.linear_warm_up import warm_up_linears
 from autoglm_serve.engine.parallel.distributed import (agree_min, broadcast_object,
                                                        destroy_groups, init_groups, rank_device)
 from autoglm_serve.engine.parallel.layout import ParallelLayout
+from autoglm_serve.engine.process.stop_signals import ignore_stop_signals
 
 logger = logging.getLogger(__name__)
 
@@ -31,8 +31,7 @@ logger = logging.getLogger(__name__)
 def run_worker(rank: int, port: int, settings, conn: Connection, log_level: int) -> None:
     # as the engine core's process: a Ctrl-C or group-wide SIGTERM is the server's to handle
     # (it drains, then stops rank 0, which stops this worker)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ignore_stop_signals()
     logging.basicConfig(level=log_level, stream=sys.stdout,
                         format=f"%(asctime)s %(levelname)s tp-rank-{rank} %(name)s: %(message)s")
     threading.Thread(target=_exit_with_rank0, args=(conn,), daemon=True).start()

@@ -27,6 +27,7 @@ from autoglm_serve.engine.parallel.distributed import (TensorParallelFailure, ag
                                                        destroy_groups, free_port, init_groups,
                                                        rank_device)
 from autoglm_serve.engine.parallel.layout import ParallelLayout
+from autoglm_serve.engine.process.stop_signals import start_deaf_to_stop_signals
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class TensorParallelWorkers:
             ours, theirs = ctx.Pipe()
             p = ctx.Process(target=run_worker, name=f"autoglm-tp-worker-{rank}", daemon=True,
                             args=(rank, port, settings, theirs, logging.getLogger().level))
-            p.start()
+            start_deaf_to_stop_signals(p)
             theirs.close()
             self.processes.append(p)
             self._pipes.append(ours)

@@ -26,6 +26,7 @@ from autoglm_serve.engine.stats import CoreStats, EngineInfo, engine_info
 from autoglm_serve.engine.core.request import Request
 from autoglm_serve.engine.settings import EngineSettings
 from autoglm_serve.engine.process.tensor_channel import TensorChannel
+from autoglm_serve.engine.process.stop_signals import start_deaf_to_stop_signals
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class ProcessCoreClient:
         conn, child_conn = ctx.Pipe(duplex=True)
         self.process = ctx.Process(target=run_core_process, name="autoglm-engine-core",
                                    args=(settings, child_conn, logging.getLogger().level))
-        self.process.start()
+        start_deaf_to_stop_signals(self.process)
         child_conn.close()   # the child holds the only copy: its death reads as end-of-file here
         self.channel = TensorChannel(conn)
         self._outbox: queue.Queue = queue.Queue()

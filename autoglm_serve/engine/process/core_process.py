@@ -18,7 +18,6 @@ import logging
 import os
 import pickle
 import queue
-import signal
 import sys
 import threading
 import traceback
@@ -30,6 +29,7 @@ from autoglm_serve.engine.process.core_messages import (CoreFailed, CoreOutputs,
                                                         merge_outputs)
 from autoglm_serve.engine.settings import EngineSettings
 from autoglm_serve.engine.process.tensor_channel import TensorChannel
+from autoglm_serve.engine.process.stop_signals import ignore_stop_signals
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +38,7 @@ def run_core_process(settings: EngineSettings, conn: Connection, log_level: int)
     """The process's entry point (a spawned process: CUDA initialises here, not in the
     server)."""
     config = settings.config
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ignore_stop_signals()
     logging.basicConfig(level=log_level, stream=sys.stdout,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     channel = TensorChannel(conn)
