@@ -214,6 +214,36 @@ def test_sigterm_finishes_in_flight_streams_and_exits_0(tiny_server):
     stop_mid_stream(tiny_server, "tiny", lambda: tiny_server.proc.send_signal(signal.SIGTERM))
 
 
+def test_a_second_ctrl_c_ends_streams_with_an_error_event_at_once(tiny):
+    """uvicorn's forced exit: no waiting out the drain, but each stream still ends readably (an
+    error event, then [DONE]), the engine is shut down, and no cancelled task's traceback."""
+    server = ServerProcess(["--model", str(tiny), "--served-model-name", "tiny",
+                            "--max-model-len", "1024", "--dtype", "float32",
+                            "--kv-cache-memory-gib", "0.05", "--graceful-shutdown-timeout", "60"])
+    server.start()
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "tap the home button"}],
+            "max_tokens": 1000, "stream": True, "ignore_eos": True}
+    events = []
+    try:
+        with httpx.stream("POST", server.url("/v1/chat/completions"), json=body,
+                          timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                if len(events) == 3:
+                    os.killpg(server.proc.pid, signal.SIGINT)
+                    time.sleep(0.5)
+                    stopped_at = time.monotonic()
+                    os.killpg(server.proc.pid, signal.SIGINT)
+        assert events[-1] == "[DONE]" and len(events) < 1000
+        assert "shutting down" in json.loads(events[-2])["error"]["message"]
+        assert server.proc.wait(30) == 0 and time.monotonic() - stopped_at < 20
+        log = server.log(10**6)
+        assert "Traceback" not in log and "shutting down the engine" in log
+    finally:
+        server.stop()
+
+
 def test_ctrl_c_while_the_model_loads_exits_130_without_a_traceback(tiny):
     server = ServerProcess(["--model", str(tiny), "--max-model-len", "1024", "--dtype",
                             "float32", "--kv-cache-memory-gib", "0.05"])
