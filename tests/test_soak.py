@@ -42,6 +42,8 @@ def test_soak_comes_back_to_rest(server):
     # Abandoned streams were aborted in the engine, not left to run to max_tokens.
     assert after["metrics"]["aborted"] - before["metrics"]["aborted"] >= 1
     assert before["rss_mb"]["tree"] > 0 and report["rss_growth_mb"] is not None
+    # the CPU server's 0.25 GiB KV cache (whole blocks of it), whose pages fill as it is used
+    assert 250 < report["kv_cache_pages_allowed_mb"] <= 256
     assert len(after["loadavg"]) == 3 and report["healthy_after"]
 
 

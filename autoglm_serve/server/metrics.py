@@ -71,6 +71,9 @@ class _EngineCollector:
         yield self._gauge("autoglm:kv_cache_blocks", "KV-cache blocks.", info.kv_blocks)
         yield self._gauge("autoglm:kv_cache_tokens", "KV-cache capacity in tokens.",
                           info.kv_tokens)
+        yield self._gauge("autoglm:kv_cache_bytes", "KV-cache size in bytes (on a CPU its pages "
+                          "become resident as blocks are first written).",
+                          info.kv_blocks * info.kv_bytes_per_block)
         yield self._gauge("autoglm:max_concurrency",
                           "Requests of max_model_len tokens that fit in the KV cache.",
                           info.kv_tokens / info.max_model_len)
