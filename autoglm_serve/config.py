@@ -16,6 +16,8 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 @dataclass
 class EngineConfig:
     model: str | None = None                  # None: the embedded default (SmolLM2-135M-Instruct)
+    revision: str | None = None               # of a Hugging Face Hub id given as model
+    download_dir: str | None = None           # a Hub model's cache (default: Hugging Face's)
     tokenizer: str | None = None
     mmproj: str | None = None                 # a GGUF vision model's vision-tower file (llama.cpp's)
     skip_tokenizer_init: bool = False         # token-id prompts only; no text in outputs

@@ -136,13 +136,13 @@ def check_model(model: str | None, tokenizer: str | None) -> tuple[list[Finding]
     from autoglm_serve.loader.model_path import resolve_model_path
     from autoglm_serve.tokenizer import _TOKENIZER_FILES
     try:
-        resolved = resolve_model_path(model)
+        resolved = resolve_model_path(model, download=False)   # a check fetches nothing
     except (FileNotFoundError, ValueError) as exc:
         return [Finding("fail", f"model: {exc}",
                         "give the checkpoint directory (the one with config.json and "
                         "*.safetensors) or a .gguf file; download AutoGLM-Phone-9B with: "
-                        "huggingface-cli download zai-org/AutoGLM-Phone-9B --local-dir "
-                        "/models/AutoGLM-Phone-9B")], None
+                        "hf download zai-org/AutoGLM-Phone-9B (or let `serve "
+                        "zai-org/AutoGLM-Phone-9B` fetch it at start, ~20 GB)")], None
     name = "the embedded default" if model is None else str(resolved.path)
     arch = ", ".join(getattr(resolved.config, "architectures", None) or
                      [resolved.config.model_type])

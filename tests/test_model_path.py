@@ -1,4 +1,5 @@
-"""resolve_model_path and load_tokenizer on local directories: never a hub lookup, clear errors."""
+"""resolve_model_path and load_tokenizer on local directories, clear errors (Hub ids:
+test_hub_model.py)."""
 
 from __future__ import annotations
 
@@ -42,8 +43,9 @@ def test_directory_with_one_gguf(tmp_path: Path) -> None:
 
 
 def test_unknown_paths_are_not_looked_up(tmp_path: Path) -> None:
+    # spelled as a path, not as a Hub id: never looked up there
     with pytest.raises(FileNotFoundError, match="unknown model path 'zai-org/AutoGLM-Phone-9B'"):
-        resolve_model_path("zai-org/AutoGLM-Phone-9B")
+        resolve_model_path("./zai-org/AutoGLM-Phone-9B/")
     (tmp_path / "weights.txt").write_text("x")
     with pytest.raises(ValueError, match="unknown model path .*weights.txt"):
         resolve_model_path(tmp_path / "weights.txt")

@@ -14,6 +14,7 @@ from transformers import AutoConfig, PretrainedConfig
 from autoglm_serve.loader.default_model import default_model_path
 from autoglm_serve.loader.gguf_loader import iter_gguf_weights, open_gguf, read_gguf_config, wants_mmproj
 from autoglm_serve.loader.gguf_mmproj import find_mmproj_beside, image_processor_defaults, is_mmproj_name
+from autoglm_serve.loader.hub import fetch_from_hub, looks_like_repo_id
 from autoglm_serve.loader.safetensors_loader import INDEX_FILE, SINGLE_FILE, iter_safetensors_weights
 
 ModelFormat = Literal["safetensors", "gguf", "dir-config-only"]
@@ -27,8 +28,12 @@ class ResolvedModel:
     mmproj: Path | None = None  # a GGUF vision model's separate vision-tower file
 
 
-def resolve_model_path(model: str | Path | None, mmproj: str | Path | None = None) -> ResolvedModel:
-    """Resolve locally only: autoglm-serve never looks a name up on a model hub.
+def resolve_model_path(model: str | Path | None, mmproj: str | Path | None = None,
+                       revision: str | None = None, download_dir: str | None = None,
+                       weights: bool = True, download: bool = True) -> ResolvedModel:
+    """A local path first; a name that is none but reads as a Hub id (`owner/name`) is found
+    in or (with download) fetched into the Hugging Face cache (hub.py; `revision`,
+    `download_dir` as vLLM's flags; without `weights`, its config and tokenizer only).
 
     `mmproj`: the vision-tower GGUF of a GGUF vision model (llama.cpp's `--mmproj`); without it,
     the one `mmproj*.gguf` next to a model file that needs one is taken.
@@ -38,6 +43,8 @@ def resolve_model_path(model: str | Path | None, mmproj: str | Path | None = Non
         path = default_model_path()
         return _resolve_gguf(path, mmproj_path)
     path = Path(model).expanduser()
+    if not path.exists() and looks_like_repo_id(str(model)):
+        path = fetch_from_hub(str(model), revision, download_dir, weights, download)
     if path.is_file() and path.suffix == ".gguf":
         return _resolve_gguf(path, mmproj_path)
     if path.is_dir():
@@ -56,7 +63,8 @@ def resolve_model_path(model: str | Path | None, mmproj: str | Path | None = Non
         raise ValueError(f"unknown model path {str(path)!r}: expected a .gguf file or a directory with config.json")
     raise FileNotFoundError(
         f"unknown model path {str(path)!r}: no such file or directory "
-        "(give a local .gguf file or a directory with config.json; models are never downloaded)"
+        "(give a local .gguf file, a directory with config.json, or a Hugging Face Hub id "
+        "owner/name)"
     )
 
 

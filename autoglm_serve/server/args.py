@@ -50,7 +50,6 @@ class ServerSettings:
 # start-up with the reason, so a copied command line starts as it is.
 NO_EFFECT = {
     "trust_remote_code": "autoglm-serve never runs model code from checkpoints",
-    "revision": "the model is read from the path given",
     "mm_processor_cache_type": "the encoder cache lives in the engine's own process",
     "disable_log_requests": "requests are not logged",
     "disable_uvicorn_access_log": "the access log is off unless --enable-access-log",
@@ -114,7 +113,7 @@ def _limit_mm(text: str) -> dict:
 
 def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
-                   help="model path, HF-style directory, GGUF file or built-in name "
+                   help="checkpoint directory, GGUF file, Hub id (owner/name) or name "
                         "(default: the embedded SmolLM2-135M-Instruct)")
     m = p.add_argument_group("model")
     m.add_argument("--model", default=None, help="same as MODEL")
@@ -134,7 +133,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "(FP8 W8A8; on a 16-bit checkpoint: quantized at load)")
     m.add_argument("--trust-remote-code", action="store_true",
                    help="accepted for vLLM compatibility; no remote code is ever run")
-    m.add_argument("--revision", default=None, help="accepted for vLLM compatibility")
+    m.add_argument("--revision", default=None,
+                   help="branch, tag or commit of a Hugging Face Hub model id")
+    m.add_argument("--download-dir", default=None,
+                   help="where a Hub model is kept (default: the Hugging Face cache)")
     m.add_argument("--chat-template", default=None, help="a Jinja file, or the template itself")
     m.add_argument("--trust-request-chat-template", action="store_true",
                    help="let requests bring their own chat_template (off: a template is code "
@@ -302,7 +304,8 @@ def model_from_args(args: argparse.Namespace) -> str | None:
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     _check_supported(args)
     return EngineConfig(
-        model=model_from_args(args), tokenizer=args.tokenizer, mmproj=args.mmproj,
+        model=model_from_args(args), revision=args.revision, download_dir=args.download_dir,
+        tokenizer=args.tokenizer, mmproj=args.mmproj,
         load_format=args.load_format,
         dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,

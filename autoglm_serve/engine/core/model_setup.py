@@ -54,7 +54,8 @@ def resolve(config: EngineConfig) -> ResolvedModel:
     if name is not None and name.lower() in BUILTIN_CONFIGS and not Path(name).exists():
         resolved = resolve_model_path(BUILTIN_CONFIGS[name.lower()])
     else:
-        resolved = resolve_model_path(name, config.mmproj)
+        resolved = resolve_model_path(name, config.mmproj, config.revision, config.download_dir,
+                                      weights=config.load_format != "dummy")
     if resolved.format == "dir-config-only" and config.load_format != "dummy":
         raise ValueError(f"{resolved.path} has a config but no weights: give a checkpoint "
                          "directory, or load_format='dummy' for random weights")
