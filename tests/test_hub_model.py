@@ -1,7 +1,7 @@
 """`--model owner/name` as vLLM takes it (Open-AutoGLM's command line names
 zai-org/AutoGLM-Phone-9B): found in the Hugging Face cache, here one laid out as the Hub's
 clients write it and read by huggingface_hub itself offline, then served like a local
-checkpoint; a name in no cache says so."""
+checkpoint; so is `--tokenizer owner/name`; a name in no cache says so."""
 from __future__ import annotations
 
 import shutil
@@ -11,6 +11,7 @@ import pytest
 from huggingface_hub import constants
 
 from autoglm_serve.loader.model_path import resolve_model_path
+from autoglm_serve.tokenizer import load_tokenizer
 from tests.server_fixtures import ServerProcess
 from tests.tiny_llama import build_tiny_llama
 
@@ -54,6 +55,12 @@ def test_a_hub_id_in_no_cache_says_where_it_looked(hub_cache, offline):
     # a bare name is a local path that is not there, not a Hub lookup
     with pytest.raises(FileNotFoundError, match="unknown model path 'tiny-llama'"):
         resolve_model_path("tiny-llama", download_dir=str(hub_cache))
+
+
+def test_a_tokenizer_named_by_hub_id_comes_from_the_cache(hub_cache, offline, tmp_path):
+    """vLLM's `--tokenizer owner/name` beside a model whose own tokenizer is not wanted."""
+    tokenizer = load_tokenizer(tmp_path, REPO, download_dir=str(hub_cache))
+    assert tokenizer("tap the home button")["input_ids"] and tokenizer.chat_template
 
 
 def test_the_server_serves_a_hub_id_from_the_cache(hub_cache):

@@ -40,7 +40,7 @@ def load_engine_tokenizer(settings: EngineSettings):
         # template over byte-level text (models/configs/glm_tokenizer.py)
         from autoglm_serve.models.configs.glm_tokenizer import byte_level_glm_tokenizer
         return byte_level_glm_tokenizer()
-    return load_tokenizer(settings.model.path, config.tokenizer)
+    return load_tokenizer(settings.model.path, config.tokenizer, config.download_dir)
 
 
 class Frontend:
