@@ -18,10 +18,12 @@ from autoglm_serve.server.errors import OpenAIError, install_error_handlers
 from autoglm_serve.server.metrics import ServerMetrics
 from autoglm_serve.server.protocol import (ChatCompletionRequest, ChatCompletionResponse,
                                            CompletionRequest, CompletionResponse,
-                                           DetokenizeRequest, ErrorResponse, TokenizeRequest)
+                                           DetokenizeRequest, ErrorResponse, ResponsesRequest,
+                                           TokenizeRequest)
 from autoglm_serve.server.serving import Serving
 from autoglm_serve.server.serving_chat import ChatHandler
 from autoglm_serve.server.serving_completions import CompletionHandler
+from autoglm_serve.server.serving_responses import ResponsesHandler
 
 # Open without a key: load balancers and Prometheus probe these (vLLM leaves them open too).
 # The dashboard too: a browser tab cannot send the bearer key, and it shows what /metrics does.
@@ -147,6 +149,7 @@ def build_app(engine: AsyncLLM, settings: ServerSettings, gpu_stats=None) -> Fas
     serving = Serving(engine, settings, metrics)
     chat = ChatHandler(serving)
     completions = CompletionHandler(serving)
+    responses = ResponsesHandler(serving, chat)
     created = int(time.time())
     app.state.serving = serving
 
@@ -185,6 +188,11 @@ def build_app(engine: AsyncLLM, settings: ServerSettings, gpu_stats=None) -> Fas
     @app.post("/v1/completions", responses=_ok(CompletionResponse))
     async def text_completions(body: CompletionRequest, request: Request):
         return _respond(await until_disconnect(request, completions.create(body)))
+
+    @app.post("/v1/responses", responses={200: {"description": "the Response object; with "
+                                                "stream: its typed server-sent events"}})
+    async def create_response(body: ResponsesRequest, request: Request):
+        return _respond(await until_disconnect(request, responses.create(body)))
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):

@@ -330,3 +330,117 @@ class CompletionResponse(BaseModel):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
+
+
+# ---- the Responses API (POST /v1/responses; serving_responses.py) ---------------------------
+class ResponsesText(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["input_text", "output_text"]
+    text: Text
+
+
+class ResponsesImage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["input_image"]
+    image_url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+ResponsesContentPart = Annotated[ResponsesText | ResponsesImage, Field(discriminator="type")]
+
+
+class ResponsesMessageItem(_Request):
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: Text | list[ResponsesContentPart]
+
+
+class ResponsesFunctionCallItem(_Request):
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: Text
+
+
+class ResponsesFunctionOutputItem(_Request):
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1)
+    output: Text
+
+
+class ResponsesReasoningItem(_Request):
+    """An earlier turn's reasoning sent back: chat templates drop it, so it is read and left."""
+    type: Literal["reasoning"]
+
+
+def _typed_item(item):
+    """OpenAI's short form of a message ({role, content}) has no type."""
+    if isinstance(item, dict) and "type" not in item and "role" in item:
+        return {**item, "type": "message"}
+    return item
+
+
+ResponsesInputItem = Annotated[
+    ResponsesMessageItem | ResponsesFunctionCallItem | ResponsesFunctionOutputItem
+    | ResponsesReasoningItem, Field(discriminator="type")]
+
+
+class ResponsesFunctionTool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"]
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class ResponsesNamedToolChoice(BaseModel):
+    type: Literal["function"]
+    name: str
+
+
+class ResponsesReasoning(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+class ResponsesTextFormat(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponsesTextConfig(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    format: ResponsesTextFormat | None = None
+
+
+class ResponsesRequest(_Request):
+    """OpenAI's Responses request without stored state (no previous_response_id). Fields of
+    the chat endpoint that vLLM also takes here (top_k, penalties, seed, stop,
+    chat_template_kwargs, ...) may come as extras and are checked as there."""
+    model: str | None = None
+    input: Text | list[ResponsesInputItem] = Field(min_length=1)
+    instructions: Text | None = None
+    max_output_tokens: StrictInt | None = Field(None, ge=1)
+    temperature: StrictFloat | None = Field(None, ge=0)
+    top_p: StrictFloat | None = Field(None, gt=0, le=1)
+    stream: StrictBool = False
+    tools: list[ResponsesFunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ResponsesNamedToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
+    reasoning: ResponsesReasoning | None = None
+    text: ResponsesTextConfig | None = None
+    store: StrictBool | None = None
+    previous_response_id: str | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _short_messages(cls, value):
+        return [_typed_item(i) for i in value] if isinstance(value, list) else value

@@ -182,11 +182,12 @@ class ChatHandler:
         splitters = [ReasoningSplitter(in_reasoning) for _ in range(n)] if split else None
         streams = [_ToolStream(tools) for _ in range(n)]
         raw = [[] for _ in range(n)]
-        completion_tokens = 0
+        completion_tokens = cached = 0
         try:
             for i in range(n):
                 yield chunk(i, {"role": "assistant", "content": ""})
             async for out in stream:
+                cached = out.num_cached_tokens
                 for c in out.outputs:
                     completion_tokens += len(c.token_ids)
                     delta: dict = {}
@@ -219,7 +220,8 @@ class ChatHandler:
             if include_usage:
                 prompt = stream.num_prompt_tokens
                 usage = {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
-                         "total_tokens": prompt + completion_tokens}
+                         "total_tokens": prompt + completion_tokens,
+                         "prompt_tokens_details": {"cached_tokens": cached}}
                 yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
             yield "data: [DONE]\n\n"
         except (OpenAIError, EngineDeadError, RequestFailedError) as exc:  # after the stream began: say so in-stream
