@@ -5,12 +5,13 @@ one the chat endpoint gives the same request, reshaped."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import openai
 import pytest
 
-from tests.server_fixtures import server_fixture
+from tests.server_fixtures import metric, server_fixture
 
 MODEL = "smol"
 # The prompt ends inside <think> when thinking is on: the model's text is reasoning until </think>.
@@ -126,6 +127,22 @@ def test_a_named_function_call_and_its_output_go_round(client):
          "arguments": call.arguments},
         {"type": "function_call_output", "call_id": call.call_id, "output": "done"}])
     assert follow.output[-1].type == "message" and follow.usage.input_tokens > r.usage.input_tokens
+
+
+def test_a_stream_left_at_its_first_event_aborts_the_request(server):
+    before = metric(server.metrics(), "vllm:request_success_total")
+    body = {"model": MODEL, "input": "Tell a long story.", "stream": True,
+            "max_output_tokens": 1000, "ignore_eos": True}
+    with httpx.stream("POST", server.url("/v1/responses"), json=body, timeout=60) as r:
+        assert next(r.iter_lines()) == "event: response.created"
+    deadline = time.monotonic() + 10      # long before 1,000 tokens on a CPU
+    while metric(server.metrics(), "vllm:num_requests_running") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    samples = server.metrics()
+    assert metric(samples, "vllm:num_requests_running") == 0
+    assert metric(samples, "vllm:request_success_total") - before == 1   # the abort's count
+    assert sum(v for k, v in samples.items() if k.startswith("vllm:request_success_total")
+               and 'finished_reason="abort"' in k) >= 1
 
 
 @pytest.mark.parametrize("body, status, param", [

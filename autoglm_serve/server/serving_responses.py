@@ -139,11 +139,14 @@ class ResponsesHandler:
 
     async def _events(self, shell: dict, chunks: AsyncIterator[str]) -> AsyncIterator[str]:
         events = _EventWriter(shell, _wants_summary(shell))
-        yield events.emit("response.created", response=shell)
-        yield events.emit("response.in_progress", response=shell)
         finish, usage = None, None
         try:
-            async for sse in chunks:
+            # the chat stream started first (its role chunk comes at once): a client gone at
+            # the first event then closes it, and that aborts the request
+            first = await chunks.__anext__()
+            yield events.emit("response.created", response=shell)
+            yield events.emit("response.in_progress", response=shell)
+            async for sse in _prepend(first, chunks):
                 if not sse.startswith("data: {"):
                     continue             # [DONE]
                 chunk = json.loads(sse[6:])
@@ -176,6 +179,12 @@ class ResponsesHandler:
                               else "response.incomplete", response=final)
         finally:
             await chunks.aclose()     # a client gone: the chat stream aborts its request
+
+
+async def _prepend(first: str, rest: AsyncIterator[str]) -> AsyncIterator[str]:
+    yield first
+    async for item in rest:
+        yield item
 
 
 def _messages(items) -> list[dict]:
