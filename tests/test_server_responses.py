@@ -162,3 +162,31 @@ def test_bad_requests_get_openai_errors(server, body, status, param):
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert error["message"] and (param is None or error["param"] == param), error
+
+
+def test_input_items_become_the_chat_messages_vllm_would_render():
+    """Images as image_url parts, a turn's parallel function calls as one assistant message
+    with both calls, their outputs as tool messages, earlier reasoning left out."""
+    from autoglm_serve.server.protocol import ResponsesRequest
+    from autoglm_serve.server.serving_responses import _messages
+
+    req = ResponsesRequest.model_validate({"input": [
+        {"role": "user", "content": [
+            {"type": "input_text", "text": "What is on the screen?"},
+            {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": []},
+        {"type": "function_call", "call_id": "c1", "name": "tap", "arguments": "{\"x\": 1}"},
+        {"type": "function_call", "call_id": "c2", "name": "swipe", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "tapped"},
+        {"type": "message", "role": "assistant",
+         "content": [{"type": "output_text", "text": "Done."}]}]})
+    assert _messages(req.input) == [
+        {"role": "user", "content": [
+            {"type": "text", "text": "What is on the screen?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "tap",
+                                                          "arguments": "{\"x\": 1}"}},
+            {"id": "c2", "type": "function", "function": {"name": "swipe", "arguments": "{}"}}]},
+        {"role": "tool", "content": "tapped", "tool_call_id": "c1"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Done."}]}]
