@@ -1,7 +1,8 @@
 """`--model owner/name` as vLLM takes it (Open-AutoGLM's command line names
 zai-org/AutoGLM-Phone-9B): found in the Hugging Face cache, here one laid out as the Hub's
 clients write it and read by huggingface_hub itself offline, then served like a local
-checkpoint; so is `--tokenizer owner/name`; a name in no cache says so."""
+checkpoint; so are `--tokenizer owner/name` and llama.cpp's `owner/name-GGUF:QUANT`; a name in
+no cache says so."""
 from __future__ import annotations
 
 import shutil
@@ -10,6 +11,8 @@ import httpx
 import pytest
 from huggingface_hub import constants
 
+from autoglm_serve.loader import default_model_path
+from autoglm_serve.loader.hub import pick_gguf
 from autoglm_serve.loader.model_path import resolve_model_path
 from autoglm_serve.tokenizer import load_tokenizer
 from tests.server_fixtures import ServerProcess
@@ -26,6 +29,22 @@ def hub_cache(tmp_path_factory):
     repo = cache / "models--acme--tiny-llama"
     snapshot = repo / "snapshots" / COMMIT
     shutil.copytree(build_tiny_llama(tmp_path_factory.mktemp("tiny")), snapshot)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    return cache
+
+
+@pytest.fixture(scope="module")
+def gguf_cache(tmp_path_factory):
+    """A llama.cpp-style GGUF repository in the cache: two quantizations (one of them the
+    embedded default's real Q4_1 file) and two mmproj precisions."""
+    cache = tmp_path_factory.mktemp("hf-gguf-cache")
+    repo = cache / "models--acme--smol-GGUF"
+    snapshot = repo / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True)
+    (snapshot / "SmolLM2-135M-Instruct-Q4_1.gguf").symlink_to(default_model_path())
+    for name in ("SmolLM2-135M-Instruct-Q8_0.gguf", "mmproj-F32.gguf", "mmproj-F16.gguf"):
+        (snapshot / name).write_bytes(b"not read")
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(COMMIT)
     return cache
@@ -55,6 +74,25 @@ def test_a_hub_id_in_no_cache_says_where_it_looked(hub_cache, offline):
     # a bare name is a local path that is not there, not a Hub lookup
     with pytest.raises(FileNotFoundError, match="unknown model path 'tiny-llama'"):
         resolve_model_path("tiny-llama", download_dir=str(hub_cache))
+
+
+def test_a_gguf_quantization_named_as_llama_cpp_does(gguf_cache, offline):
+    resolved = resolve_model_path("acme/smol-GGUF:q4_1", download_dir=str(gguf_cache))
+    assert resolved.format == "gguf" and resolved.path.name == "SmolLM2-135M-Instruct-Q4_1.gguf"
+    assert resolved.config.model_type == "llama" and resolved.mmproj is None  # a text model
+    with pytest.raises(ValueError, match=r"no GGUF file of 'Q5_K_M'.*Q4_1.gguf.*Q8_0.gguf"):
+        resolve_model_path("acme/smol-GGUF:Q5_K_M", download_dir=str(gguf_cache))
+    with pytest.raises(ValueError, match=r"name the quantization .*acme/smol-GGUF:Q4_K_M"):
+        resolve_model_path("acme/smol-GGUF", download_dir=str(gguf_cache))
+
+
+def test_of_several_mmproj_files_the_f16_one_is_taken():
+    files = ["M-Q4_K_M.gguf", "M-Q8_0.gguf", "mmproj-M-F32.gguf", "mmproj-M-BF16.gguf",
+             "mmproj-M-F16.gguf", "README.md"]
+    assert pick_gguf(files, "Q4_K_M", "x") == ("M-Q4_K_M.gguf", "mmproj-M-F16.gguf")
+    assert pick_gguf(files[:2] + ["mmproj-M-F32.gguf"], "q8_0", "x") == \
+        ("M-Q8_0.gguf", "mmproj-M-F32.gguf")
+    assert pick_gguf(files[:2], "Q8_0", "x") == ("M-Q8_0.gguf", None)
 
 
 def test_a_tokenizer_named_by_hub_id_comes_from_the_cache(hub_cache, offline, tmp_path):

@@ -1,11 +1,14 @@
 """A model named by its Hugging Face Hub id (`--model zai-org/AutoGLM-Phone-9B`, as in
-Open-AutoGLM's vLLM command line): found in the local Hugging Face cache or fetched into it
-(with huggingface_hub's own progress bars), then served from that directory like any local
-checkpoint. HF_HUB_OFFLINE=1 keeps to the cache; HF_TOKEN, HF_HOME and HF_HUB_CACHE apply as
+Open-AutoGLM's vLLM command line), or a GGUF repository's quantization in llama.cpp's `-hf`
+form (`owner/name-GGUF:Q4_K_M`): found in the local Hugging Face cache or fetched into it (with
+huggingface_hub's own progress bars), then served from there like any local checkpoint or
+GGUF file. HF_HUB_OFFLINE=1 keeps to the cache; HF_TOKEN, HF_HOME and HF_HUB_CACHE apply as
 for every Hugging Face tool."""
 from __future__ import annotations
 
+import contextlib
 import logging
+import re
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -14,37 +17,111 @@ logger = logging.getLogger(__name__)
 # directory is read for, without its weights
 CHECKPOINT_FILES = ["*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
 WEIGHT_FILES = ["*.safetensors"]
+# an mmproj's precisions in the order taken when a repository has several (llama.cpp's
+# repositories carry F16, BF16 and F32 copies of the same tower)
+MMPROJ_PREFERENCE = ("f16", "bf16", "f32")
+_TAG = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def split_tag(name: str) -> tuple[str, str | None]:
+    """`owner/name:Q4_K_M` -> ("owner/name", "Q4_K_M")."""
+    repo, _, tag = name.partition(":")
+    return repo, tag or None
 
 
 def looks_like_repo_id(name: str) -> bool:
-    """`owner/name`, as the Hub spells ids (a bare name is more likely a mistyped local
-    path)."""
+    """`owner/name`, optionally with a `:QUANT` tag, as the Hub spells ids (a bare name is more
+    likely a mistyped local path)."""
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
 
-    if name.count("/") != 1 or name.startswith((".", "~")):
+    repo, tag = split_tag(name)
+    if repo.count("/") != 1 or repo.startswith((".", "~")) or \
+            (tag is not None and not _TAG.fullmatch(tag)):
         return False
     try:
-        validate_repo_id(name)
+        validate_repo_id(repo)
     except HFValidationError:
         return False
     return True
 
 
-def fetch_from_hub(repo_id: str, revision: str | None = None, cache_dir: str | None = None,
+def fetch_from_hub(name: str, revision: str | None = None, cache_dir: str | None = None,
                    weights: bool = True, download: bool = True) -> Path:
-    """The local snapshot directory of repo_id (its safetensors too unless not weights: a
-    model run with dummy weights needs only its config and tokenizer; without download, the
-    cache only, as `doctor` looks). Raises FileNotFoundError saying why when there is none."""
-    from huggingface_hub import constants, snapshot_download
+    """The local snapshot directory of the repository `name` (its safetensors too unless not
+    weights: a model run with dummy weights needs only its config and tokenizer), or, for
+    `owner/name:QUANT`, its one GGUF file of that quantization (with the repository's mmproj
+    beside it). Without download, the cache only, as `doctor` looks. Raises
+    FileNotFoundError (ValueError for a quantization the repository lacks) saying why."""
+    from huggingface_hub import snapshot_download
+
+    repo_id, tag = split_tag(name)
+    with _hub_errors(repo_id, revision, download):
+        if tag is None:
+            path = snapshot_download(
+                repo_id, revision=revision, cache_dir=cache_dir, local_files_only=not download,
+                allow_patterns=CHECKPOINT_FILES + (WEIGHT_FILES if weights else []))
+        else:
+            files = _repo_files(repo_id, revision, cache_dir, download)
+            model, mmproj = pick_gguf(files, tag, name)
+            path = Path(snapshot_download(
+                repo_id, revision=revision, cache_dir=cache_dir, local_files_only=not download,
+                allow_patterns=[model] + ([mmproj] if mmproj else []))) / model
+    logger.info("%s%s: %s", name, f" at revision {revision!r}" if revision else "", path)
+    return Path(path)
+
+
+def pick_gguf(files: list[str], tag: str, name: str) -> tuple[str, str | None]:
+    """The repository's one model GGUF whose file name holds the tag (any case), and its
+    mmproj (the preferred precision) if it has any."""
+    def is_mmproj(f: str) -> bool:
+        return Path(f).name.lower().startswith("mmproj")
+
+    ggufs = sorted(f for f in files if f.lower().endswith(".gguf"))
+    models = [f for f in ggufs if not is_mmproj(f) and tag.lower() in Path(f).name.lower()]
+    if len(models) != 1:
+        available = [Path(f).name for f in ggufs if not is_mmproj(f)]
+        raise ValueError(f"{name}: {'no' if not models else 'more than one'} GGUF file of "
+                         f"{tag!r} in the repository; its model files: {available or 'none'}")
+    mmprojs = [f for f in ggufs if is_mmproj(f)]
+    def rank(f: str) -> int:
+        precision = re.split(r"[-_.]", Path(f).stem.lower())[-1]    # mmproj-X-F16 -> f16
+        return MMPROJ_PREFERENCE.index(precision) if precision in MMPROJ_PREFERENCE \
+            else len(MMPROJ_PREFERENCE)
+
+    ranked = sorted(mmprojs, key=rank)
+    return models[0], (ranked[0] if ranked else None)
+
+
+def _repo_files(repo_id: str, revision: str | None, cache_dir: str | None,
+                download: bool) -> list[str]:
+    """The repository's GGUF files: from the Hub (a dry run of the download), or from its
+    cached snapshot where the Hub is not asked (offline, doctor) or cannot be reached."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import DryRunError
+
+    if download:
+        try:
+            return [f.filename for f in snapshot_download(
+                repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=["*.gguf"],
+                dry_run=True)]
+        except DryRunError:    # offline or unreachable: what the cache holds may do
+            pass
+    snapshot = Path(snapshot_download(repo_id, revision=revision, cache_dir=cache_dir,
+                                      local_files_only=True, allow_patterns=["*.gguf"]))
+    return [str(p.relative_to(snapshot)) for p in snapshot.rglob("*.gguf")]
+
+
+@contextlib.contextmanager
+def _hub_errors(repo_id: str, revision: str | None, download: bool):
+    """huggingface_hub's failures as FileNotFoundError saying which case it is."""
+    from huggingface_hub import constants
     from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
                                         RepositoryNotFoundError, RevisionNotFoundError)
 
     at = f" at revision {revision!r}" if revision else ""
     try:
-        path = snapshot_download(repo_id, revision=revision, cache_dir=cache_dir,
-                                 allow_patterns=CHECKPOINT_FILES + (WEIGHT_FILES if weights else []),
-                                 local_files_only=not download)
+        yield
     except GatedRepoError as exc:
         raise FileNotFoundError(f"{repo_id!r} is a gated model on the Hugging Face Hub: accept "
                                 "its terms on its page and set HF_TOKEN") from exc
@@ -60,5 +137,3 @@ def fetch_from_hub(repo_id: str, revision: str | None = None, cache_dir: str | N
                                 f"{repo_id}) or give its directory") from exc
     except HfHubHTTPError as exc:
         raise FileNotFoundError(f"{repo_id!r}: the Hugging Face Hub answered {exc}") from exc
-    logger.info("%s%s: %s", repo_id, at, path)
-    return Path(path)

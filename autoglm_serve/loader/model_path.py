@@ -31,9 +31,10 @@ class ResolvedModel:
 def resolve_model_path(model: str | Path | None, mmproj: str | Path | None = None,
                        revision: str | None = None, download_dir: str | None = None,
                        weights: bool = True, download: bool = True) -> ResolvedModel:
-    """A local path first; a name that is none but reads as a Hub id (`owner/name`) is found
-    in or (with download) fetched into the Hugging Face cache (hub.py; `revision`,
-    `download_dir` as vLLM's flags; without `weights`, its config and tokenizer only).
+    """A local path first; a name that is none but reads as a Hub id (`owner/name`, or
+    `owner/name:QUANT` for a GGUF repository's file) is found in or (with download) fetched
+    into the Hugging Face cache (hub.py; `revision`, `download_dir` as vLLM's flags; without
+    `weights`, its config and tokenizer only).
 
     `mmproj`: the vision-tower GGUF of a GGUF vision model (llama.cpp's `--mmproj`); without it,
     the one `mmproj*.gguf` next to a model file that needs one is taken.
@@ -43,7 +44,8 @@ def resolve_model_path(model: str | Path | None, mmproj: str | Path | None = Non
         path = default_model_path()
         return _resolve_gguf(path, mmproj_path)
     path = Path(model).expanduser()
-    if not path.exists() and looks_like_repo_id(str(model)):
+    from_hub = not path.exists() and looks_like_repo_id(str(model))
+    if from_hub:
         path = fetch_from_hub(str(model), revision, download_dir, weights, download)
     if path.is_file() and path.suffix == ".gguf":
         return _resolve_gguf(path, mmproj_path)
@@ -54,6 +56,9 @@ def resolve_model_path(model: str | Path | None, mmproj: str | Path | None = Non
         ggufs = sorted(p for p in path.glob("*.gguf") if not is_mmproj_name(p))
         if len(ggufs) == 1:  # a directory holding one model GGUF (e.g. a llama.cpp download) means that file
             return _resolve_gguf(ggufs[0], mmproj_path)
+        if from_hub:
+            raise ValueError(f"{model!r} has no config.json: for a GGUF repository, name the "
+                             f"quantization as llama.cpp's -hf does ({model}:Q4_K_M)")
         found = sorted(p.name for p in path.iterdir())
         raise ValueError(
             f"model directory {str(path)!r} has no config.json"
