@@ -84,6 +84,8 @@ def test_a_gguf_quantization_named_as_llama_cpp_does(gguf_cache, offline):
         resolve_model_path("acme/smol-GGUF:Q5_K_M", download_dir=str(gguf_cache))
     with pytest.raises(ValueError, match=r"name the quantization .*acme/smol-GGUF:Q4_K_M"):
         resolve_model_path("acme/smol-GGUF", download_dir=str(gguf_cache))
+    with pytest.raises(FileNotFoundError, match=r'hf download acme/big-GGUF --include "\*Q4_K_M'):
+        resolve_model_path("acme/big-GGUF:Q4_K_M", download_dir=str(gguf_cache))
 
 
 def test_of_several_mmproj_files_the_f16_one_is_taken():

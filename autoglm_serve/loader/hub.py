@@ -56,7 +56,7 @@ def fetch_from_hub(name: str, revision: str | None = None, cache_dir: str | None
     from huggingface_hub import snapshot_download
 
     repo_id, tag = split_tag(name)
-    with _hub_errors(repo_id, revision, download):
+    with _hub_errors(repo_id, tag, revision, download):
         if tag is None:
             path = snapshot_download(
                 repo_id, revision=revision, cache_dir=cache_dir, local_files_only=not download,
@@ -113,7 +113,7 @@ def _repo_files(repo_id: str, revision: str | None, cache_dir: str | None,
 
 
 @contextlib.contextmanager
-def _hub_errors(repo_id: str, revision: str | None, download: bool):
+def _hub_errors(repo_id: str, tag: str | None, revision: str | None, download: bool):
     """huggingface_hub's failures as FileNotFoundError saying which case it is."""
     from huggingface_hub import constants
     from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
@@ -132,8 +132,9 @@ def _hub_errors(repo_id: str, revision: str | None, download: bool):
         why = ("only the cache was read" if not download else
                "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else
                "the Hub could not be reached")
+        only = f' --include "*{tag}*.gguf" "mmproj*"' if tag else ""   # not every quantization
         raise FileNotFoundError(f"{repo_id!r} is no local path, and not in the Hugging Face "
                                 f"cache{at} ({why}); download it there first (hf download "
-                                f"{repo_id}) or give its directory") from exc
+                                f"{repo_id}{only}) or give its directory") from exc
     except HfHubHTTPError as exc:
         raise FileNotFoundError(f"{repo_id!r}: the Hugging Face Hub answered {exc}") from exc
