@@ -15,7 +15,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedToken
 from transformers.integrations.gguf.reader import read_gguf_metadata
 
 from autoglm_serve.derived_cache import entry_path, publish
-from autoglm_serve.loader.hub import fetch_from_hub, looks_like_repo_id
+from autoglm_serve.loader.hub import hub_path
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +28,9 @@ def load_tokenizer(model_path: str | Path, tokenizer_path: str | Path | None = N
     """The tokenizer of `tokenizer_path` if given, else of `model_path` (a resolved local path).
     A `tokenizer_path` that is no local path but a Hub id (vLLM's `--tokenizer owner/name`,
     e.g. for a GGUF model) is found in or fetched into the Hugging Face cache, files only."""
-    path = Path(tokenizer_path if tokenizer_path is not None else model_path).expanduser()
-    if tokenizer_path is not None and not path.exists() and looks_like_repo_id(str(tokenizer_path)):
-        path = fetch_from_hub(str(tokenizer_path), cache_dir=download_dir, weights=False)
+    fetched = hub_path(str(tokenizer_path), cache_dir=download_dir, weights=False) \
+        if tokenizer_path is not None else None
+    path = fetched or Path(tokenizer_path if tokenizer_path is not None else model_path).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return _load_gguf_tokenizer(path)
     if path.is_dir():

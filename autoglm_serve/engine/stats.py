@@ -38,6 +38,10 @@ class EngineInfo:
     def kv_tokens(self) -> int:
         return self.kv_blocks * self.kv_block_size
 
+    @property
+    def kv_bytes(self) -> int:
+        return self.kv_blocks * self.kv_bytes_per_block
+
 
 @dataclass(frozen=True)
 class CoreStats:

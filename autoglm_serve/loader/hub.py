@@ -46,6 +46,15 @@ def looks_like_repo_id(name: str) -> bool:
     return True
 
 
+def hub_path(name: str, revision: str | None = None, cache_dir: str | None = None,
+             weights: bool = True, download: bool = True) -> Path | None:
+    """Where `name` lies in the Hugging Face cache (fetch_from_hub) when it is no local path
+    but reads as a Hub id; None when it is a local path, or no id (then a missing path)."""
+    if Path(name).expanduser().exists() or not looks_like_repo_id(name):
+        return None
+    return fetch_from_hub(name, revision, cache_dir, weights, download)
+
+
 def fetch_from_hub(name: str, revision: str | None = None, cache_dir: str | None = None,
                    weights: bool = True, download: bool = True) -> Path:
     """The local snapshot directory of the repository `name` (its safetensors too unless not

@@ -14,7 +14,7 @@ from transformers import AutoConfig, PretrainedConfig
 from autoglm_serve.loader.default_model import default_model_path
 from autoglm_serve.loader.gguf_loader import iter_gguf_weights, open_gguf, read_gguf_config, wants_mmproj
 from autoglm_serve.loader.gguf_mmproj import find_mmproj_beside, image_processor_defaults, is_mmproj_name
-from autoglm_serve.loader.hub import fetch_from_hub, looks_like_repo_id
+from autoglm_serve.loader.hub import hub_path
 from autoglm_serve.loader.safetensors_loader import INDEX_FILE, SINGLE_FILE, iter_safetensors_weights
 
 ModelFormat = Literal["safetensors", "gguf", "dir-config-only"]
@@ -43,10 +43,9 @@ def resolve_model_path(model: str | Path | None, mmproj: str | Path | None = Non
     if model is None:
         path = default_model_path()
         return _resolve_gguf(path, mmproj_path)
-    path = Path(model).expanduser()
-    from_hub = not path.exists() and looks_like_repo_id(str(model))
-    if from_hub:
-        path = fetch_from_hub(str(model), revision, download_dir, weights, download)
+    fetched = hub_path(str(model), revision, download_dir, weights, download)
+    from_hub = fetched is not None
+    path = fetched or Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return _resolve_gguf(path, mmproj_path)
     if path.is_dir():

@@ -61,7 +61,7 @@ def startup_report(engine, settings: ServerSettings, serving_defaults: dict) -> 
         f"weights: {_gib(info.weight_bytes)}    loaded in {info.load_seconds:.1f} s",
         f"quantization: {info.quantization}    KV cache dtype: {info.kv_cache_dtype}",
         f"KV cache: {info.kv_blocks} blocks x {info.kv_block_size} tokens = {info.kv_tokens} "
-        f"tokens ({_gib(info.kv_blocks * info.kv_bytes_per_block)})",
+        f"tokens ({_gib(info.kv_bytes)})",
         f"max_model_len: {info.max_model_len}    maximum concurrency at max_model_len: "
         f"{info.kv_tokens / info.max_model_len:.2f}x    max_num_seqs: {info.max_num_seqs}",
         default_max_tokens_line(serving_defaults),

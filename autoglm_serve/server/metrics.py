@@ -73,7 +73,7 @@ class _EngineCollector:
                           info.kv_tokens)
         yield self._gauge("autoglm:kv_cache_bytes", "KV-cache size in bytes (on a CPU its pages "
                           "become resident as blocks are first written).",
-                          info.kv_blocks * info.kv_bytes_per_block)
+                          info.kv_bytes)
         yield self._gauge("autoglm:max_concurrency",
                           "Requests of max_model_len tokens that fit in the KV cache.",
                           info.kv_tokens / info.max_model_len)
