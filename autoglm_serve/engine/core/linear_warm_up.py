@@ -3,7 +3,12 @@ start-up. cuBLAS picks a GEMM kernel by the row count, and CUDA loads a kernel's
 first time it runs (lazy loading, CUDA's default): on an H100, a first call at a new row count
 took up to 140 ms of host time, and eager prompt steps that met one launched in 60-160 ms
 instead of ~37 (16 phone agents: 33 such launches in a run, none after this sweep;
-BENCHMARKS.md)."""
+BENCHMARKS.md).
+
+The vision tower is not swept: its row counts are images' patch counts (up to ~25,600), and
+a sweep of them (1.2-3.5 s at every start on an H100) would save at most the ~0.7 s that a
+server's first 80 image sizes pay once (scripts/gpu/lazy_gemm_probe.py, forty-third session);
+the warm-up's screenshot loads the phone agents' own."""
 from __future__ import annotations
 
 import time
