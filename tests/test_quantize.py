@@ -151,3 +151,28 @@ def test_awq_checkpoint_loads(tmp_path):
     assert qc["format"] == "pack-quantized"
     cos = torch.nn.functional.cosine_similarity(_logits(out, IDS).flatten(), _logits(source, IDS).flatten(), dim=0)
     assert cos > 0.97             # random weights, random-ish activations: loose, it proves loading
+
+
+def test_cli_int8_targets(tmp_path, capsys):
+    """--int8-targets: a second config group at 8 bits for the named Linears, refused where it
+    names none, splits q/k/v (one matmul when served) or comes with an FP8 method."""
+    from autoglm_serve.cli import main
+
+    source = make_tiny_glm4v(tmp_path / "source")
+    out = tmp_path / "mixed"
+    assert main(["quantize", str(source), "--method", "rtn", "--group-size", "32", "--out",
+                 str(out), "--int8-targets", "down_proj", "re:.*layers\\.1\\.self_attn\\.o_proj$"]) == 0
+    groups = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]
+    assert groups["group_0"]["targets"] == ["Linear"] and groups["group_0"]["weights"]["num_bits"] == 4
+    assert groups["group_1"]["weights"]["num_bits"] == 8
+    got = _tensors(out)
+    # 8-bit codes pack 4 to an int32, 4-bit ones 8
+    assert got["model.language_model.layers.0.mlp.down_proj.weight_packed"].shape == (128, 256 // 4)
+    assert got["model.language_model.layers.1.self_attn.o_proj.weight_packed"].shape == (128, 128 // 4)
+    assert got["model.language_model.layers.0.self_attn.o_proj.weight_packed"].shape == (128, 128 // 8)
+    for args, error in [(["--int8-targets", "mlp.up"], "names no quantized Linear"),
+                        (["--int8-targets", "v_proj"], "name all of them or none"),
+                        (["--method", "fp8", "--int8-targets", "down_proj"], "for the int4 methods")]:
+        with pytest.raises(SystemExit, match=error):
+            main(["quantize", str(source), "--out", str(tmp_path / "bad")] +
+                 (args if "--method" in args else ["--method", "rtn"] + args))

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from autoglm_serve import LLM, SamplingParams
-from tests.quantized_fixtures import make_tiny_quantized_glm4v
+from tests.quantized_fixtures import decompressed_reference, make_tiny_quantized_glm4v
 from tests.test_engine_oracle import hf_greedy_with_logits
 
 STEPS = 8
@@ -30,8 +30,10 @@ def assert_close(engine_runs, reference, prompts, tol):
             assert rel < tol, f"step {step}: relative error {rel:.2e}"
 
 
-@pytest.mark.parametrize("method,options", [("rtn", {}), ("fp8", {}),
-                                            ("gptq", {"symmetric": False}), ("gptq-fp8", {})])
+@pytest.mark.parametrize("method,options", [
+    ("rtn", {}), ("fp8", {}), ("gptq", {"symmetric": False}), ("gptq-fp8", {}),
+    ("gptq", {"symmetric": False, "int8_targets": ["down_proj"]}),
+    ("awq", {"int8_targets": ["re:.*layers\\.0\\.self_attn\\.[qkv]_proj$"]})])
 def test_tiny_glm4v_checkpoint_matches_transformers(tmp_path, method, options):
     from transformers import CompressedTensorsConfig, Glm4vForConditionalGeneration
     _, quantized = make_tiny_quantized_glm4v(tmp_path, method, **options)
@@ -41,8 +43,31 @@ def test_tiny_glm4v_checkpoint_matches_transformers(tmp_path, method, options):
     # packed ones the format stores; the dequantize-at-load path unpacks them as it should
     kw = {"quantization_config": CompressedTensorsConfig(dequantize=True)} \
         if options.get("symmetric") is False else {}
-    hf = Glm4vForConditionalGeneration.from_pretrained(quantized, dtype=torch.float32, **kw).eval()
-    assert_close(ours(quantized, prompts), hf, prompts, tol=1e-3)
+    if "int8_targets" in options:
+        # two bit widths: that dequantize path reads every Linear as the first group's
+        assert_int8_where_named(quantized, options["int8_targets"])
+        reference = decompressed_reference(quantized, Glm4vForConditionalGeneration)
+    else:
+        reference = Glm4vForConditionalGeneration.from_pretrained(quantized, dtype=torch.float32,
+                                                                  **kw).eval()
+    assert_close(ours(quantized, prompts), reference, prompts, tol=1e-3)
+
+
+def assert_int8_where_named(path, entries):
+    """The named Linears are stored 4 codes an int32 (8 bits), the rest 8 (4 bits)."""
+    import re
+
+    from safetensors.torch import load_file
+    tensors = {}
+    for f in path.glob("*.safetensors"):
+        tensors.update(load_file(f))
+    bits = {name[:-len(".weight_packed")]: 32 * t.shape[1] // tensors[
+        name.replace("weight_packed", "weight_shape")][1].item()
+        for name, t in tensors.items() if name.endswith(".weight_packed")}
+    named = {n for n in bits if any(re.match(e[3:], n) if e.startswith("re:") else
+                                    n.endswith("." + e) for e in entries)}
+    assert named and {bits[n] for n in named} == {8}
+    assert {bits[n] for n in bits.keys() - named} == {4}
 
 
 def test_smollm2_rtn_checkpoint_matches_transformers(tmp_path):

@@ -71,9 +71,12 @@ class InputSampler:
 
 
 @torch.no_grad()
-def search_and_apply_scales(group: BalanceGroup, x: torch.Tensor, args: QuantizationArgs,
+def search_and_apply_scales(group: BalanceGroup, x: torch.Tensor,
+                            args: QuantizationArgs | list[QuantizationArgs],
                             scale_dtype: torch.dtype, alphas: list[float] = _ALPHAS) -> float:
-    """Find the best alpha for `group` on inputs `x`, fold the scales in; return alpha."""
+    """Find the best alpha for `group` on inputs `x`, fold the scales in; return alpha. `args`:
+    one for every Linear of the group, or a list with each one's (some kept at 8 bits)."""
+    per_linear = args if isinstance(args, list) else [args] * len(group.linears)
     x_mean = x.abs().mean(dim=0)
     reference = [x @ lin.weight.float().t() for lin in group.linears]
     best_alpha, best_err, best_s = 0.0, None, None
@@ -81,9 +84,9 @@ def search_and_apply_scales(group: BalanceGroup, x: torch.Tensor, args: Quantiza
         s = x_mean.pow(alpha).clamp(min=1e-4)
         s = s / (s.max() * s.min()).sqrt()
         err = 0.0
-        for lin, ref in zip(group.linears, reference):
+        for lin, lin_args, ref in zip(group.linears, per_linear, reference):
             # plain min/max rounding in the search: 20x cheaper, and the final rounding clips
-            q = rtn_quantize(lin.weight.float() * s, args, scale_dtype, clip_search=False).weight / s
+            q = rtn_quantize(lin.weight.float() * s, lin_args, scale_dtype, clip_search=False).weight / s
             err += (x @ q.t() - ref).pow(2).mean().item()
         if best_err is None or err < best_err:
             best_alpha, best_err, best_s = alpha, err, s

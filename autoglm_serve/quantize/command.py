@@ -33,6 +33,11 @@ def add_quantize_subcommand(subparsers: argparse._SubParsersAction) -> argparse.
     p.add_argument("--zero-points", action="store_true",
                    help="int4 with an integer zero point per group (asymmetric, as llm-compressor's "
                         "W4A16_ASYM); transformers loads it with CompressedTensorsConfig(dequantize=True)")
+    p.add_argument("--int8-targets", nargs="+", default=[], metavar="NAME",
+                   help="int4 methods: Linear layers kept at 8 bits (int8 weights in the same "
+                        "groups, W8A16), as llama.cpp's Q4_K_M keeps some tensors at 6 bits: "
+                        "a module name or its last part (down_proj), or a re: pattern. "
+                        "down_proj halves what int4 costs SmolLM2's perplexity (BENCHMARKS.md)")
     p.add_argument("--num-samples", type=int, default=DEFAULT_NUM_SAMPLES,
                    help="calibration samples (conversations and documents)")
     p.add_argument("--max-tokens", type=int, default=512, help="text tokens per calibration sample")
@@ -58,7 +63,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         out = write_quantized_checkpoint(
             args.model, args.out, args.method, group_size=args.group_size, act_order=args.act_order,
             symmetric=not args.zero_points, num_samples=args.num_samples, max_tokens=args.max_tokens,
-            dtype=getattr(torch, args.dtype), device=args.device)
+            dtype=getattr(torch, args.dtype), device=args.device, int8_targets=args.int8_targets)
     except (ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"autoglm-serve quantize: {exc}") from exc
     print(f"wrote {args.method} checkpoint to {out}")

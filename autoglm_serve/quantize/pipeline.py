@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from compressed_tensors.quantization import QuantizationArgs
 
 from autoglm_serve.engine.core.cpu_threads import size_cpu_threads
 from autoglm_serve.quantize.awq import InputSampler, balance_groups, search_and_apply_scales
@@ -14,8 +15,9 @@ from autoglm_serve.quantize.gptq import (DEFAULT_DAMP, DESCENT_PASSES, HessianOb
 from autoglm_serve.quantize.methods import (CALIBRATED_METHODS, DEFAULT_NUM_SAMPLES, FP8_METHODS,
                                             GPTQ_METHODS, Method)
 from autoglm_serve.quantize.rtn import QuantizedWeight, rtn_quantize
-from autoglm_serve.quantize.schemes import (fitting_group_size, ignored_modules,
-                                            quantization_config, target_linears)
+from autoglm_serve.quantize.schemes import (fitting_group_size, ignored_modules, int8_linears,
+                                            int8_target_patterns, quantization_config,
+                                            target_linears)
 from autoglm_serve.quantize.sequential import LayerObserved, calibrate_layer_by_layer, input_stages
 from autoglm_serve.quantize.source_model import SourceModel, load_source_model
 
@@ -34,10 +36,14 @@ def write_quantized_checkpoint(
     max_tokens: int = 512,
     dtype: torch.dtype = torch.bfloat16,
     device: str = "cpu",
+    int8_targets: list[str] = (),
 ) -> Path:
     """Quantize `model` (a path as `serve` takes it, None for the embedded default, or a loaded
     SourceModel, which is consumed) and write a compressed-tensors checkpoint to `out_dir`.
-    The algorithms run in float32 on `device`; the checkpoint is written in `dtype`."""
+    The algorithms run in float32 on `device`; the checkpoint is written in `dtype`.
+    `int8_targets` (int4 methods): Linears kept at 8 bits (schemes.int8_target_patterns)."""
+    if int8_targets and method in FP8_METHODS:
+        raise ValueError("--int8-targets is for the int4 methods (rtn, gptq, awq)")
     # the engine's thread pool (engine/core/cpu_threads.py): also what makes a calibration's
     # float32 sums, and so its checkpoint, the same in every entry point on one machine
     size_cpu_threads(torch.device(device))
@@ -47,11 +53,15 @@ def write_quantized_checkpoint(
     targets = target_linears(hf, ignore)
     if method not in FP8_METHODS:
         group_size = fitting_group_size(targets, group_size)
-    config = quantization_config(method, ignore, group_size or 0, act_order, symmetric)
+    patterns = int8_target_patterns(list(int8_targets))
+    eight_bit = int8_linears(targets, patterns)
+    config = quantization_config(method, ignore, group_size or 0, act_order, symmetric, patterns)
     args = config.config_groups["group_0"].weights
+    args_by_name = {name: config.config_groups["group_1"].weights for name in eight_bit}
     samples = (_samples(source, num_samples, max_tokens, device)
                if method in CALIBRATED_METHODS else [])
-    quantized = quantize_linears(hf, targets, method, args, dtype, samples, act_order)
+    quantized = quantize_linears(hf, targets, method, args, dtype, samples, act_order,
+                                 args_by_name=args_by_name)
     hf.to("cpu")
     return write_checkpoint(hf, out_dir, config, {k: _to_cpu(v) for k, v in quantized.items()},
                             dtype, source.files_dir, None if source.files_dir else source.tokenizer)
@@ -60,14 +70,18 @@ def write_quantized_checkpoint(
 def quantize_linears(hf: torch.nn.Module, targets: dict[str, torch.nn.Linear], method: Method,
                      args, dtype: torch.dtype, samples: list, act_order: bool = False,
                      damp: float = DEFAULT_DAMP, refit: bool = True,
-                     descent_passes: int = DESCENT_PASSES) -> dict[str, QuantizedWeight]:
+                     descent_passes: int = DESCENT_PASSES,
+                     args_by_name: dict[str, QuantizationArgs] | None = None
+                     ) -> dict[str, QuantizedWeight]:
     """Each of `targets`' quantized weight (scales in `dtype`). GPTQ and AWQ calibrate on
     `samples` one decoder layer at a time and replace those layers' weights in `hf` as they go
     (AWQ also folds its scales into the norms and Linears before them); the rest, and every
     Linear of rtn and fp8, are rounded to nearest and left as they are in `hf`. gptq-fp8 always
     goes in act-order: its one scale a row is fixed before the first column, so the order costs
-    nothing and stores nothing."""
+    nothing and stores nothing. `args_by_name`: the Linears quantized otherwise than `args`
+    (kept at 8 bits)."""
     quantized: dict[str, QuantizedWeight] = {}
+    args_by_name = args_by_name or {}
     act_order = act_order or method in FP8_METHODS
 
     if method in CALIBRATED_METHODS:
@@ -89,7 +103,8 @@ def quantize_linears(hf: torch.nn.Module, targets: dict[str, torch.nn.Linear], m
                     done.remove()
                 for name in stage:
                     q = gptq_quantize(linears[name].weight, observer.hessian, observer.tokens,
-                                      args, dtype, act_order, damp, refit=refit,
+                                      args_by_name.get(name, args), dtype, act_order, damp,
+                                      refit=refit,
                                       descent_passes=descent_passes)
                     linears[name].weight.data.copy_(q.weight)
                     quantized[name] = q
@@ -98,10 +113,12 @@ def quantize_linears(hf: torch.nn.Module, targets: dict[str, torch.nn.Linear], m
             groups = balance_groups(layer)
             samplers = [InputSampler(g.linears[0], max(16, _AWQ_ROWS // len(samples))) for g in groups]
             run_layer()
+            args_of = {id(m): args_by_name.get(f"{prefix}.{n}", args) for n, m in layer.named_modules()}
             for group, sampler in zip(groups, samplers):
-                search_and_apply_scales(group, sampler.inputs(), args, dtype)
+                search_and_apply_scales(group, sampler.inputs(),
+                                        [args_of[id(lin)] for lin in group.linears], dtype)
             for name, linear in layer_linears(prefix, layer).items():
-                quantized[name] = rtn_quantize(linear.weight, args, dtype)
+                quantized[name] = rtn_quantize(linear.weight, args_by_name.get(name, args), dtype)
                 linear.weight.data.copy_(quantized[name].weight)
 
         layer_fn = gptq_layer if method in GPTQ_METHODS else awq_layer
@@ -109,7 +126,7 @@ def quantize_linears(hf: torch.nn.Module, targets: dict[str, torch.nn.Linear], m
 
     for name, linear in targets.items():   # rtn, fp8, and any Linear outside the decoder layers
         if name not in quantized:
-            quantized[name] = rtn_quantize(linear.weight, args, dtype)
+            quantized[name] = rtn_quantize(linear.weight, args_by_name.get(name, args), dtype)
     return quantized
 
 

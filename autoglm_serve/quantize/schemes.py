@@ -1,12 +1,16 @@
 """What each `--method` writes: a compressed-tensors QuantizationConfig, and which modules it skips.
 
 W4A16 (rtn, gptq, awq): symmetric int4 weights, one scale per `group_size` input channels,
-16-bit activations; compressed-tensors stores it "pack-quantized" (8 int4 in an int32).
+16-bit activations; compressed-tensors stores it "pack-quantized" (8 int4 in an int32). Linears
+named by --int8-targets get int8 weights in the same groups (W8A16, a second config group), as
+llama.cpp's Q4_K_M keeps some of its tensors at 6 bits.
 FP8 (fp8: rounded to nearest; gptq-fp8: by GPTQ): float8_e4m3 weights with one scale per output
 channel and activations quantized per token at run time ("FP8_DYNAMIC"); stored
 "float-quantized".
 """
 from __future__ import annotations
+
+import re
 
 import torch
 from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig,
@@ -25,14 +29,15 @@ LM_HEAD = "lm_head"
 
 
 def weight_args(method: Method, group_size: int = DEFAULT_GROUP_SIZE,
-                act_order: bool = False, symmetric: bool = True) -> QuantizationArgs:
+                act_order: bool = False, symmetric: bool = True, num_bits: int = 4
+                ) -> QuantizationArgs:
     if method in FP8_METHODS:
         return QuantizationArgs(num_bits=8, type=QuantizationType.FLOAT,
                                 strategy=QuantizationStrategy.CHANNEL, symmetric=True,
                                 dynamic=False)
     # act-order is written as "weight": columns are quantized in activation order while groups
     # stay contiguous, so no g_idx is stored and every W4A16 kernel can run the checkpoint.
-    return QuantizationArgs(num_bits=4, type=QuantizationType.INT,
+    return QuantizationArgs(num_bits=num_bits, type=QuantizationType.INT,
                             strategy=QuantizationStrategy.GROUP, group_size=group_size,
                             symmetric=symmetric, dynamic=False,
                             actorder="weight" if act_order else None)
@@ -47,12 +52,51 @@ def input_args(method: Method) -> QuantizationArgs | None:
 
 
 def quantization_config(method: Method, ignore: list[str], group_size: int = DEFAULT_GROUP_SIZE,
-                        act_order: bool = False, symmetric: bool = True) -> QuantizationConfig:
-    scheme = QuantizationScheme(targets=["Linear"],
-                                weights=weight_args(method, group_size, act_order, symmetric),
-                                input_activations=input_args(method))
-    return QuantizationConfig(config_groups={"group_0": scheme}, ignore=ignore,
+                        act_order: bool = False, symmetric: bool = True,
+                        int8_targets: list[str] = ()) -> QuantizationConfig:
+    """One config group for every Linear; with `int8_targets` (compressed-tensors targets,
+    int8_target_patterns), a second for those at 8 bits: a name or pattern outranks the
+    "Linear" class in compressed-tensors', vLLM's and our engine's matching alike."""
+    groups = {"group_0": QuantizationScheme(
+        targets=["Linear"], weights=weight_args(method, group_size, act_order, symmetric),
+        input_activations=input_args(method))}
+    if int8_targets:
+        groups["group_1"] = QuantizationScheme(
+            targets=list(int8_targets),
+            weights=weight_args(method, group_size, act_order, symmetric, num_bits=8))
+    return QuantizationConfig(config_groups=groups, ignore=ignore,
                               quantization_status=QuantizationStatus.FROZEN)
+
+
+def int8_target_patterns(entries: list[str]) -> list[str]:
+    """--int8-targets as compressed-tensors targets: `re:` patterns as they are, and a name
+    (down_proj, or model.layers.3.mlp.down_proj) for every module whose name ends with it."""
+    return [e if e.startswith("re:") else "re:(.*\\.)?" + re.escape(e) + "$" for e in entries]
+
+
+def int8_linears(targets: dict[str, torch.nn.Linear], patterns: list[str]) -> set[str]:
+    """The quantized Linears that `patterns` keep at 8 bits, checked: each pattern names at
+    least one, and none splits a layer that vLLM and our engine run as one matmul (q/k/v,
+    gate/up), which must share one format."""
+    from compressed_tensors.utils.match import match_name
+
+    from autoglm_serve.quantization.install import FUSED_PARTS
+
+    chosen = set()
+    for pattern in patterns:
+        hits = {name for name in targets if match_name(name, pattern)}
+        if not hits:
+            raise ValueError(f"--int8-targets {pattern!r} names no quantized Linear layer")
+        chosen |= hits
+    for name in targets:
+        parent, _, leaf = name.rpartition(".")
+        for fused, parts in FUSED_PARTS.items():
+            present = [f"{parent}.{p}" for p in parts if f"{parent}.{p}" in targets]
+            if leaf in parts and 0 < sum(p in chosen for p in present) < len(present):
+                raise ValueError(f"--int8-targets keeps part of {parent}'s {', '.join(parts)} "
+                                 f"at 8 bits; they run as one matmul ({fused}): name all of "
+                                 "them or none")
+    return chosen
 
 
 def ignored_modules(model: torch.nn.Module) -> list[str]:
