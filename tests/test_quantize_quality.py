@@ -20,7 +20,10 @@ digit across the kernels; FP8's per-token rounding of the activations, and any c
 turn the kernels' different float32 summation orders into different codes, so these figures
 move by up to a point with the machine (earlier sessions' machines gave others again), and the
 bounds below hold for both sets. Issue 12's 1% for FP8 is met only on the prose with AVX2's
-kernels, its 3% for calibrated int4 on neither text. Every variant keeps the greedy answer
+kernels, its 3% for calibrated int4 on neither text. The same GPTQ with every down_proj at
+8 bits (--int8-targets down_proj, 25% of the linears' weights) measured +2.4% / +3.1% on the
+AVX-512 machine of 2026-12-07 (+2.2% and +3.8% on two held-out texts of ~10,000 tokens, where
+int4 alone gave +6.7% and +5.5%; BENCHMARKS.md). Every variant keeps the greedy answer
 "Paris".
 """
 import copy
@@ -28,6 +31,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from tests.quantized_fixtures import decompressed_reference
 
 pytest.importorskip("compressed_tensors")
 
@@ -46,20 +51,26 @@ def checkpoints(tmp_path_factory):
     base = tmp_path_factory.mktemp("smollm2")
     out = {"unquantized": source}
     # int4: the best variants, group 32 with zero points (GPTQ with act-order, default samples)
-    options = {"rtn": dict(group_size=32, symmetric=False),
-               "gptq": dict(group_size=32, act_order=True, symmetric=False), "fp8": {},
-               "gptq-fp8": {}}
-    for method, kw in options.items():
-        out[method] = write_quantized_checkpoint(copy.deepcopy(source), base / method, method,
-                                                 max_tokens=512, dtype=torch.float32, **kw)
+    gptq = dict(group_size=32, act_order=True, symmetric=False)
+    options = {"rtn": ("rtn", dict(group_size=32, symmetric=False)), "gptq": ("gptq", gptq),
+               "gptq-int8-down": ("gptq", dict(gptq, int8_targets=["down_proj"])),
+               "fp8": ("fp8", {}), "gptq-fp8": ("gptq-fp8", {})}
+    for name, (method, kw) in options.items():
+        out[name] = write_quantized_checkpoint(copy.deepcopy(source), base / name, method,
+                                               max_tokens=512, dtype=torch.float32, **kw)
     return out
 
 
 def _load(checkpoints, name):
-    from transformers import AutoModelForCausalLM, AutoTokenizer, CompressedTensorsConfig
+    from transformers import (AutoModelForCausalLM, AutoTokenizer, CompressedTensorsConfig,
+                              LlamaForCausalLM)
     if name == "unquantized":
         return checkpoints[name].model, checkpoints[name].tokenizer
     path = checkpoints[name]
+    if name == "gptq-int8-down":
+        # two bit widths: transformers' dequantize-at-load path would read every Linear as the
+        # first config group's (tests/quantized_fixtures.py)
+        return decompressed_reference(path, LlamaForCausalLM), AutoTokenizer.from_pretrained(path)
     # zero points: transformers loads them through its dequantize-at-load path (README)
     kw = {} if "fp8" in name else {"quantization_config": CompressedTensorsConfig(dequantize=True)}
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw).eval()
@@ -70,7 +81,7 @@ def _load(checkpoints, name):
 def results(checkpoints):
     from autoglm_serve.quantize.perplexity import perplexity
     out = {}
-    for name in ("unquantized", "rtn", "gptq", "fp8", "gptq-fp8"):
+    for name in ("unquantized", "rtn", "gptq", "gptq-int8-down", "fp8", "gptq-fp8"):
         model, tok = _load(checkpoints, name)
         ppl = {text: perplexity(model, tok(content, return_tensors="pt").input_ids)
                for text, content in TEXTS.items()}
@@ -112,7 +123,17 @@ def test_w4a16_perplexity_bounded(results):
     assert gptq["apache"] <= base["apache"] * 1.12   # +10.0% and +9.0%; without the descent +14.2%
 
 
-@pytest.mark.parametrize("name", ["unquantized", "rtn", "gptq", "fp8", "gptq-fp8"])
+def test_w4a16_with_int8_down_proj_halves_the_int4_cost(results):
+    """--int8-targets down_proj: a quarter of the linears' weights at 8 bits."""
+    base, gptq, mixed = (results[name][0] for name in ("unquantized", "gptq", "gptq-int8-down"))
+    for text in TEXTS:
+        assert mixed[text] - base[text] < (gptq[text] - base[text]) * 0.75
+    assert mixed["prose"] <= base["prose"] * 1.035   # measured +2.4%; the issue asks 3%
+    assert mixed["apache"] <= base["apache"] * 1.045  # measured +3.1%
+
+
+@pytest.mark.parametrize("name", ["unquantized", "rtn", "gptq", "gptq-int8-down", "fp8",
+                                  "gptq-fp8"])
 def test_greedy_answers_still_right(results, name):
     for (question, expected), answer in zip(QUESTIONS, results[name][1]):
         assert expected in answer, (question, answer)
