@@ -4,6 +4,7 @@ them."""
 from __future__ import annotations
 
 import signal
+from multiprocessing import resource_tracker
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -11,8 +12,11 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 def start_deaf_to_stop_signals(process) -> None:
     """``process.start()`` with the stop signals blocked in this thread. The child inherits the
     mask, so a Ctrl-C while it still imports (before ignore_stop_signals; seconds on a cold
-    cache) cannot end it in a KeyboardInterrupt (multiprocessing starts its resource tracker
-    the same way)."""
+    cache) cannot end it in a KeyboardInterrupt. multiprocessing's resource tracker is started
+    first: a spawn starts it if it is not running, with the same signals blocked around its
+    own start and then unblocked, which would leave this child unprotected (the server's first
+    spawn is the engine core)."""
+    resource_tracker.ensure_running()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         process.start()
