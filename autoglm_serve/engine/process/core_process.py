@@ -47,14 +47,14 @@ def run_core_process(settings: EngineSettings, conn: Connection, log_level: int)
     try:
         core = EngineCore(settings)
     except BaseException as exc:   # reported to the server, which fails its start with it
-        channel.send([CoreFailed(_picklable(exc), traceback.format_exc())])
+        _send_or_exit(channel, CoreFailed(_picklable(exc), traceback.format_exc()))
         sys.exit(1)
     # What start-up built (the model, the modules of torch and transformers) lives as long as the
     # process: frozen, the collector's full passes no longer walk it. Each such pass stalled the
     # step loop ~200 ms in the CPU profile (380k objects); 12 ms once frozen.
     gc.collect()
     gc.freeze()
-    channel.send([CoreReady(engine_info(core))])
+    _send_or_exit(channel, CoreReady(engine_info(core)))
 
     outbox: queue.Queue = queue.Queue()
     sender = threading.Thread(target=_send, args=(channel, outbox), name="core-output")
@@ -76,6 +76,15 @@ def run_core_process(settings: EngineSettings, conn: Connection, log_level: int)
     sender.join()
     channel.close()
     sys.exit(exit_code)
+
+
+def _send_or_exit(channel: TensorChannel, message) -> None:
+    """A start-up message; a server that stopped while this process loaded (a Ctrl-C then)
+    reads none: end quietly."""
+    try:
+        channel.send([message])
+    except OSError:
+        os._exit(1)
 
 
 class _SocketInbox:
