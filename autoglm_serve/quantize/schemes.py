@@ -88,11 +88,11 @@ def int8_linears(targets: dict[str, torch.nn.Linear], patterns: list[str]) -> se
         if not hits:
             raise ValueError(f"--int8-targets {pattern!r} names no quantized Linear layer")
         chosen |= hits
-    for name in targets:
+    for name in chosen:
         parent, _, leaf = name.rpartition(".")
         for fused, parts in FUSED_PARTS.items():
-            present = [f"{parent}.{p}" for p in parts if f"{parent}.{p}" in targets]
-            if leaf in parts and 0 < sum(p in chosen for p in present) < len(present):
+            siblings = {f"{parent}.{p}" for p in parts} & targets.keys()
+            if leaf in parts and not siblings <= chosen:
                 raise ValueError(f"--int8-targets keeps part of {parent}'s {', '.join(parts)} "
                                  f"at 8 bits; they run as one matmul ({fused}): name all of "
                                  "them or none")
