@@ -47,14 +47,14 @@ def run_core_process(settings: EngineSettings, conn: Connection, log_level: int)
     try:
         core = EngineCore(settings)
     except BaseException as exc:   # reported to the server, which fails its start with it
-        _send_or_exit(channel, CoreFailed(_picklable(exc), traceback.format_exc()))
+        _send_or_exit(channel, [CoreFailed(_picklable(exc), traceback.format_exc())])
         sys.exit(1)
     # What start-up built (the model, the modules of torch and transformers) lives as long as the
     # process: frozen, the collector's full passes no longer walk it. Each such pass stalled the
     # step loop ~200 ms in the CPU profile (380k objects); 12 ms once frozen.
     gc.collect()
     gc.freeze()
-    _send_or_exit(channel, CoreReady(engine_info(core)))
+    _send_or_exit(channel, [CoreReady(engine_info(core))])
 
     outbox: queue.Queue = queue.Queue()
     sender = threading.Thread(target=_send, args=(channel, outbox), name="core-output")
@@ -78,11 +78,11 @@ def run_core_process(settings: EngineSettings, conn: Connection, log_level: int)
     sys.exit(exit_code)
 
 
-def _send_or_exit(channel: TensorChannel, message) -> None:
-    """A start-up message; a server that stopped while this process loaded (a Ctrl-C then)
-    reads none: end quietly."""
+def _send_or_exit(channel: TensorChannel, messages: list) -> None:
+    """Sends, or ends this process quietly when the server is gone: nobody reads what it
+    computes (a Ctrl-C while it loaded, or a server that vanished)."""
     try:
-        channel.send([message])
+        channel.send(messages)
     except OSError:
         os._exit(1)
 
@@ -117,10 +117,7 @@ def _send(channel: TensorChannel, outbox: queue.Queue) -> None:
             batch.append(outbox.get_nowait())
         last = batch.index(None) if None in batch else len(batch)
         if last:
-            try:
-                channel.send(merge_outputs(batch[:last]))
-            except OSError:
-                os._exit(1)   # the server is gone
+            _send_or_exit(channel, merge_outputs(batch[:last]))
         if last < len(batch):
             return
 
