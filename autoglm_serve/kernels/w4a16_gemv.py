@@ -128,7 +128,7 @@ def select_config(m: int, n: int, k: int, group: int, gated: bool = False) -> Ge
 def _tile_dot(acc, p, sc, z, x_ptrs, x_mask, HAS_ZEROS: tl.constexpr,
               ONE_GROUP: tl.constexpr, COMPILED: tl.constexpr):
     """acc [BN, BM] += the tensor-core products of one tile: p the packed words [BN, BW], sc and
-    z its groups' scales and zeros (``_group_params``), x_ptrs [BM, BK] the tile's activations
+    z its groups' scales and zeros (``group_params``), x_ptrs [BM, BK] the tile's activations
     in K order. The weights enter the MMA as the exact integers q - z in x's dtype
     (``_integer_weights``), the 8 nibbles of each word interleaved back into K order, so the
     tile is one [BN, BK] x [BK, BM] product; a tile inside one group is scaled once, after it,
@@ -279,7 +279,7 @@ def _load_unpinned(ptrs, COMPILED: tl.constexpr):
 @triton.jit
 def _tile_cuda_cores(acc, p, sc, z, xs, even_exp, odd_exp, HAS_ZEROS: tl.constexpr):
     """acc [BN, BM, BW] += the products of one tile on CUDA cores, p the packed words
-    [BN, 1, BW], sc and z its groups' scales and zeros (``_group_params``), xs ``_x_values``
+    [BN, 1, BW], sc and z its groups' scales and zeros (``group_params``), xs ``_x_values``
     ([BM, BW] each). The group's scale and zero are factored out of each word's sum: with
     v_j = 2**e_j + q_j (``_integer_nibble``), sum_j x_j (q_j - z) s = s (sum_j x_j v_j -
     offset - z total), so a weight costs its LOP3 and one fma (plus a shift per two), the
@@ -396,7 +396,7 @@ def _tile_packed(acc, p, sc, z, xp, HAS_ZEROS: tl.constexpr, WORDS: tl.constexpr
     """acc [BN, BM, BW / WORDS] += the products of one tile in bf16 pairs (bf16 activations,
     CUDA cores): the sums of WORDS words at a time (``_packed_sums``) times their group's
     scale. p the packed words [BN, 1, BW], sc and z the groups' scales and zeros
-    (``_group_params``: one a row, or one a word with WORDS 1), xp ``_x_packed_pairs``."""
+    (``group_params``: one a row, or one a word with WORDS 1), xp ``_x_packed_pairs``."""
     if WORDS == 2 and sc.shape[2] > 1:     # a scale (and zero) a word: one per two words
         sc = halves(sc)[0]
         z = halves(z)[0]
@@ -423,8 +423,9 @@ def _group_offsets(r, wo, k, groups, GROUP: tl.constexpr, ONE_GROUP: tl.constexp
 
 
 @triton.jit
-def _group_params(s_ptrs, z_ptrs, HAS_ZEROS: tl.constexpr, COMPILED: tl.constexpr):
-    """A tile's scales and zeros as fp32 (no zeros: the scales again, unused)."""
+def group_params(s_ptrs, z_ptrs, HAS_ZEROS: tl.constexpr, COMPILED: tl.constexpr):
+    """A tile's scales and zeros as fp32 (no zeros: the scales again, unused). Shared by the
+    8-bit GEMV (kernels/w8a16_gemv.py)."""
     sc = _load_unpinned(s_ptrs, COMPILED)
     z = sc
     if HAS_ZEROS:
@@ -487,19 +488,19 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, partial_ptr
     up = N * groups
     # (a program past K's last chunk runs no tile: it must not read past the last group)
     g = _group_offsets(r, wo, tl.minimum(k_start, k_end - 1), groups, GROUP, ONE_GROUP)
-    sc, z = _group_params(s_ptr + g, z_ptr + g, HAS_ZEROS, COMPILED)
+    sc, z = group_params(s_ptr + g, z_ptr + g, HAS_ZEROS, COMPILED)
     sc_up, z_up = sc, z
     if GATED:
-        sc_up, z_up = _group_params(s_ptr + up + g, z_ptr + up + g, HAS_ZEROS, COMPILED)
+        sc_up, z_up = group_params(s_ptr + up + g, z_ptr + up + g, HAS_ZEROS, COMPILED)
     wait_for_previous_grid(PDL)
     for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
         # the last tile loads its own groups again (in bounds, unused)
         g = _group_offsets(r, wo, tl.minimum(k + BLOCK_K, k_end - 1), groups, GROUP,
                            ONE_GROUP)
-        sc_next, z_next = _group_params(s_ptr + g, z_ptr + g, HAS_ZEROS, COMPILED)
+        sc_next, z_next = group_params(s_ptr + g, z_ptr + g, HAS_ZEROS, COMPILED)
         sc_up_next, z_up_next = sc_next, z_next
         if GATED:
-            sc_up_next, z_up_next = _group_params(s_ptr + up + g, z_ptr + up + g, HAS_ZEROS,
+            sc_up_next, z_up_next = group_params(s_ptr + up + g, z_ptr + up + g, HAS_ZEROS,
                                                   COMPILED)
         w_mask = wo < words - k // 8
         if EVEN_K:       # no masks on the weights: 16-byte loads

@@ -1,4 +1,5 @@
-"""Start-up self-check of the quantized decode GEMVs (kernels/w4a16_gemv.py, kernels/fp8_gemv.py)
+"""Start-up self-check of the quantized decode GEMVs (kernels/w4a16_gemv.py, w8a16_gemv.py,
+fp8_gemv.py)
 and the split-K FP8 GEMM (kernels/fp8_gemm.py) against the dequantize-then-matmul references, on
 every path once and every tuned config at its own rows and K, and of the FP8 activation
 quantization (kernels/fp8_quant.py) against the torch ops. It lives above the kernels (they must
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autoglm_serve.kernels import fp8_gemm, fp8_gemv, fp8_quant, fused_ops, w4a16_gemv
+from autoglm_serve.kernels import fp8_gemm, fp8_gemv, fp8_quant, fused_ops, w4a16_gemv, w8a16_gemv
 from autoglm_serve.kernels.gemv import GemvConfig, tuned_check_shapes
 from autoglm_serve.models.layers.linear import LinearBase
 from autoglm_serve.quantization.fp8 import Fp8LinearMethod, quantize_rows
@@ -23,12 +24,16 @@ from autoglm_serve.quantization.wna16 import WNA16LinearMethod, dequantize
 logger = logging.getLogger(__name__)
 
 
-def w4a16_reference(x, qweight, scales, zeros, group, bias=None, gated=False):
+def wna16_reference(x, qweight, scales, zeros, bits, group, bias=None, gated=False):
     """Dequantize-then-matmul with fp32 products; gated: gate and up rounded to x's dtype, then
     silu(gate) rounded, times up (the unfused path's rounding points)."""
-    w = dequantize(qweight, scales, zeros, 4, torch.float32)
+    w = dequantize(qweight, scales, zeros, bits, torch.float32)
     out = F.linear(x.float(), w, None if bias is None else bias.float())
     return _gate(out, x.dtype) if gated else out
+
+
+def w4a16_reference(x, qweight, scales, zeros, group, bias=None, gated=False):
+    return wna16_reference(x, qweight, scales, zeros, 4, group, bias, gated)
 
 
 def fp8_reference(x, weight, weight_scale, bias=None, gated=False):
@@ -46,15 +51,20 @@ def _gate(out, dtype):
     return F.silu(gate.float()).to(dtype).float() * up.float()
 
 
-def random_w4(n, k, group, zeros, dtype, device, gen):
-    """(qweight, scales, zeros) in our packed layout, with scales of a plausible size; drawn
-    on ``gen``'s device."""
-    on = gen.device
-    q = torch.randint(0, 16, (n, k), generator=gen, device=on)
-    s = (torch.rand(n, k // group, generator=gen, device=on) * 0.02 + 0.001).to(dtype)
-    z = (torch.randint(0, 16, (n, k // group), generator=gen, dtype=torch.uint8, device=on)
+def random_wn(n, k, bits, group, zeros, dtype, device, gen):
+    """(qweight, scales, zeros) of ``bits``-bit codes in our packed layout, with scales of a
+    plausible size for them; drawn on ``gen``'s device."""
+    on, levels = gen.device, 1 << bits
+    q = torch.randint(0, levels, (n, k), generator=gen, device=on)
+    s = ((torch.rand(n, k // group, generator=gen, device=on) * 0.02 + 0.001) * 16 / levels
+         ).to(dtype)
+    z = (torch.randint(0, levels, (n, k // group), generator=gen, dtype=torch.uint8, device=on)
          if zeros else None)
-    return pack_last_dim(q, 4).to(device), s.to(device), None if z is None else z.to(device)
+    return pack_last_dim(q, bits).to(device), s.to(device), None if z is None else z.to(device)
+
+
+def random_w4(n, k, group, zeros, dtype, device, gen):
+    return random_wn(n, k, 4, group, zeros, dtype, device, gen)
 
 
 def random_fp8(n, k, device, gen):
@@ -81,6 +91,31 @@ def w4a16_cases(device, dtype):
         cases.append((f"tuned {kind} {m}x{n}x{k}/{group}",
                       torch.randn(m, k, generator=gen).to(device, dtype),
                       random_w4(rows, k, group, True, dtype, device, gen), group, None,
+                      kind == "gated", cfg))
+    return cases
+
+
+def w8a16_cases(device, dtype):
+    """(name, x, (qweight, scales, zeros), group, bias, gated, config): every path once on
+    small shapes (CUDA cores at one row, tensor cores at more, groups within and across a
+    tile, split-K, gating), then every tuned config at its own rows and K."""
+    gen = torch.Generator().manual_seed(0)
+    cases = []
+    for m in (1, 3, w8a16_gemv.MAX_ROWS):
+        x = torch.randn(m, 1024, generator=gen).to(device, dtype)
+        split = GemvConfig(16, 256, 2, dot=m > 1)
+        for group, zeros in ((128, True), (32, False)):
+            bias = torch.randn(100, generator=gen).to(device, dtype)
+            cases += [(f"{m} rows, group {group}", x,
+                       random_wn(100, 1024, 8, group, zeros, dtype, device, gen), group, bias,
+                       False, None),
+                      (f"{m} rows, group {group}, gated split-K", x,
+                       random_wn(144, 1024, 8, group, zeros, dtype, device, gen), group, None,
+                       True, split)]
+    for (kind, m, n, k, group), cfg, rows in tuned_check_shapes(w8a16_gemv.TUNED):
+        cases.append((f"tuned {kind} {m}x{n}x{k}/{group}",
+                      torch.randn(m, k, generator=gen).to(device, dtype),
+                      random_wn(rows, k, 8, group, True, dtype, device, gen), group, None,
                       kind == "gated", cfg))
     return cases
 
@@ -162,6 +197,20 @@ def check_w4a16_gemv(device: torch.device, dtype: torch.dtype) -> bool:
     return _check(w4a16_gemv, runs(), "W4A16 GEMV", "dequantize-then-matmul", "the GEMM kernel")
 
 
+def check_w8a16_gemv(device: torch.device, dtype: torch.dtype) -> bool:
+    """Sets ``w8a16_gemv.ENABLED = False`` (kernels/wna16.py then runs) on a compile or launch
+    failure or a disagreement; returns ``ENABLED``."""
+    if dtype not in w8a16_gemv.DTYPES:
+        return w8a16_gemv.ENABLED
+
+    def runs():
+        for name, x, (qw, s, z), group, bias, gated, cfg in w8a16_cases(device, dtype):
+            got = (w8a16_gemv.w8a16_gated_gemv(x, qw, s, z, group, cfg) if gated
+                   else w8a16_gemv.w8a16_gemv(x, qw, s, z, group, bias, cfg))
+            yield name, got, wna16_reference(x, qw, s, z, 8, group, bias, gated)
+    return _check(w8a16_gemv, runs(), "W8A16 GEMV", "dequantize-then-matmul", "the GEMM kernel")
+
+
 def check_fp8_gemv(device: torch.device, dtype: torch.dtype) -> bool:
     """Sets ``fp8_gemv.ENABLED = False`` (``_scaled_mm`` then runs) on a failure or a
     disagreement; returns ``ENABLED``."""
@@ -229,8 +278,11 @@ def check_decode_kernels(model: nn.Module, device: torch.device, dtype: torch.dt
     """Checks the quantized GEMVs, the FP8 GEMM and activation quantization, that ``model``'s
     linear layers would run."""
     methods = [m.linear_method for m in model.modules() if isinstance(m, LinearBase)]
-    if any(isinstance(m, WNA16LinearMethod) and m.scheme.bits == 4 for m in methods):
+    bits = {m.scheme.bits for m in methods if isinstance(m, WNA16LinearMethod)}
+    if 4 in bits:
         check_w4a16_gemv(device, dtype)
+    if 8 in bits:
+        check_w8a16_gemv(device, dtype)
     if any(isinstance(m, Fp8LinearMethod) for m in methods):
         check_fp8_gemv(device, dtype)
         check_fp8_gemm(device, dtype)

@@ -21,7 +21,7 @@ from autoglm_serve.quantization.packing import pack_factor, pack_last_dim, unpac
 
 
 # Above this many rows a call dequantizes its weight for cuBLAS; at or below it the Triton
-# kernels read the packed weight (the decode GEMV, else kernels/wna16.py).
+# kernels read the packed weight (the decode GEMVs, else kernels/wna16.py).
 DEQUANTIZE_ABOVE_ROWS = 16
 
 
@@ -91,18 +91,8 @@ class WNA16LinearMethod(LinearMethod):
             x = x.index_select(-1, layer.perm)
         zeros = getattr(layer, "zeros", None)
         if x.is_cuda:
-            bits, group = self.scheme.bits, layer.group_size
-            gemv = _decode_gemv(x, layer, bits, bias, gated=False)
-            if gemv is not None:     # a few rows: the W4A16 decode GEMV
-                return gemv.w4a16_gemv(x, layer.qweight, layer.scales, zeros, group, bias)
-            if x.numel() > DEQUANTIZE_ABOVE_ROWS * x.shape[-1]:
-                # compute-bound: cuBLAS on the weight dequantized once (kernels/wna16_dequant.py)
-                from autoglm_serve.kernels import wna16_dequant
-                w = wna16_dequant.dequantize(layer.qweight, layer.scales, zeros, bits, group,
-                                             x.dtype)
-                return F.linear(x, w, bias)
-            from autoglm_serve.kernels.wna16 import wna16_linear
-            return wna16_linear(x, layer.qweight, layer.scales, zeros, bits, group, bias)
+            return cuda_linear(x, layer.qweight, layer.scales, zeros, self.scheme.bits,
+                               layer.group_size, bias)
         # CPU: dequantize, then the dense matmul (tests and CI run quantized models this way)
         w = dequantize(layer.qweight, layer.scales, zeros, self.scheme.bits, x.dtype)
         return F.linear(x, w, bias)
@@ -112,20 +102,42 @@ class WNA16LinearMethod(LinearMethod):
             return None
         if layer.perm is not None:
             x = x.index_select(-1, layer.perm)
-        gemv = _decode_gemv(x, layer, self.scheme.bits, None, gated=True)
+        gemv = _decode_gemv(x, layer.qweight, layer.scales, self.scheme.bits, layer.group_size,
+                            None, gated=True)
         if gemv is None:
             return None
-        return gemv.w4a16_gated_gemv(x, layer.qweight, layer.scales, getattr(layer, "zeros", None),
-                                     layer.group_size)
+        return gemv(x, layer.qweight, layer.scales, getattr(layer, "zeros", None),
+                    layer.group_size)
 
 
-def _decode_gemv(x, layer, bits, bias, gated):
-    """kernels/w4a16_gemv.py where it takes this call (CUDA, fused kernels on, a few rows)."""
+def cuda_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                zeros: torch.Tensor | None, bits: int, group: int,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ dequant(W)^T (+ bias) on the GPU, x already in the weight's input order: the decode
+    GEMV for a few rows, cuBLAS on the weight dequantized once for many, else the Triton
+    kernel. (scripts/gpu/int8_linears_bench.py times this same choice.)"""
+    gemv = _decode_gemv(x, qweight, scales, bits, group, bias, gated=False)
+    if gemv is not None:
+        return gemv(x, qweight, scales, zeros, group, bias)
+    if x.numel() > DEQUANTIZE_ABOVE_ROWS * x.shape[-1]:
+        # compute-bound: cuBLAS on the weight dequantized once (kernels/wna16_dequant.py)
+        from autoglm_serve.kernels import wna16_dequant
+        w = wna16_dequant.dequantize(qweight, scales, zeros, bits, group, x.dtype)
+        return F.linear(x, w, bias)
+    from autoglm_serve.kernels.wna16 import wna16_linear
+    return wna16_linear(x, qweight, scales, zeros, bits, group, bias)
+
+
+def _decode_gemv(x, qweight, scales, bits, group, bias, gated):
+    """The decode GEMV for this call (kernels/w4a16_gemv.py at 4 bits, w8a16_gemv.py at 8),
+    where one takes it (CUDA, fused kernels on, a few rows); else None."""
     if not fused_kernels_on(x):
         return None
-    from autoglm_serve.kernels import w4a16_gemv
-    if w4a16_gemv.supports(x, layer.qweight, layer.scales, bits, layer.group_size, bias, gated):
-        return w4a16_gemv
+    from autoglm_serve.kernels import w4a16_gemv, w8a16_gemv
+    if bits == 4 and w4a16_gemv.supports(x, qweight, scales, bits, group, bias, gated):
+        return w4a16_gemv.w4a16_gated_gemv if gated else w4a16_gemv.w4a16_gemv
+    if bits == 8 and w8a16_gemv.supports(x, qweight, scales, bits, group, bias, gated):
+        return w8a16_gemv.w8a16_gated_gemv if gated else w8a16_gemv.w8a16_gemv
     return None
 
 

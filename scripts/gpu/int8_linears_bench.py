@@ -5,14 +5,17 @@ the same Linear at 4 bits and in bf16 (GPU).
 
 At AutoGLM-Phone-9B's down_proj (4096 x 13696), o_proj (4096 x 4096) and gate_up (27392 x
 4096), groups of 128 and 32 with zero points, M = 1, 4, 16, 256, 2,048 rows: the path
-quantization/wna16.py takes for each (the W4A16 decode GEMV where it takes the call, else the
-Triton W4A16/W8A16 kernel up to 16 rows, else the weight dequantized for cuBLAS), timed as the
-GEMV benchmarks time theirs (gemv_sweep.py: CUDA graphs over enough weight copies that L2 holds
-none), and the 8-bit output's relative error against dequantize-then-matmul in float32. Prints a
-markdown table. Written for the forty-third session; not run there (no machine came).
+quantization/wna16.py takes for each (``cuda_linear``: the decode GEMVs, kernels/w4a16_gemv.py
+and w8a16_gemv.py, where they take the call, else the Triton W4A16/W8A16 kernel up to 16 rows,
+else the weight dequantized for cuBLAS), timed as the GEMV benchmarks time theirs (gemv_sweep.py:
+CUDA graphs over enough weight copies that L2 holds none), and the 8-bit output's relative error
+against dequantize-then-matmul in float32. Up to 16 rows also the 8-bit Triton GEMM kernel (the
+path before the 8-bit GEMV) and, with --sweep, the fastest of a few 8-bit GEMV configs (a
+TUNED entry for kernels/w8a16_gemv.py). Prints markdown tables.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -23,30 +26,33 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
 
-from autoglm_serve.kernels import w4a16_gemv, wna16_dequant  # noqa: E402
+from autoglm_serve.kernels import w8a16_gemv  # noqa: E402
+from autoglm_serve.kernels.gemv import GemvConfig  # noqa: E402
 from autoglm_serve.kernels.wna16 import wna16_linear  # noqa: E402
 from autoglm_serve.quantization.packing import pack_last_dim  # noqa: E402
-from autoglm_serve.quantization.wna16 import DEQUANTIZE_ABOVE_ROWS, dequantize  # noqa: E402
+from autoglm_serve.quantization.wna16 import cuda_linear, dequantize  # noqa: E402
 from gemv_sweep import copies_past_l2, time_calls  # noqa: E402
 
 SHAPES = {"down": (4096, 13696), "o": (4096, 4096), "gate_up": (27392, 4096)}
 DTYPE = torch.bfloat16
 
 
-def engine_path(x, qweight, scales, zeros, bits: int, group: int):
-    """quantization/wna16.py's choice for a CUDA call (no act-order, no bias)."""
-    m = x.numel() // x.shape[-1]
-    if w4a16_gemv.supports(x, qweight, scales, bits, group):
-        return w4a16_gemv.w4a16_gemv(x, qweight, scales, zeros, group)
-    if m > DEQUANTIZE_ABOVE_ROWS:
-        return F.linear(x, wna16_dequant.dequantize(qweight, scales, zeros, bits, group, x.dtype))
-    return wna16_linear(x, qweight, scales, zeros, bits, group)
+def sweep_configs(m: int):
+    """8-bit GEMV configs to try at m rows: CUDA cores at one row, tensor cores at more."""
+    return [GemvConfig(block_n, block_k, split_k, 4, 3, dot=m > 1)
+            for block_n in (32, 64, 128) for block_k in (128, 256) for split_k in (1, 2, 4, 8)]
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sweep", action="store_true",
+                    help="8-bit GEMV configs at M <= 16, group 128")
+    args = ap.parse_args()
     torch.manual_seed(0)
-    print("| shape | group | M | bf16 us | 4-bit us | 8-bit us | 8 / 4 | 8-bit rel. error |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    tuned = []
+    print("| shape | group | M | bf16 us | 4-bit us | 8-bit us | 8 / 4 | 8-bit GEMM kernel us "
+          "| 8-bit rel. error |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, (n, k) in SHAPES.items():
         dense = [torch.randn(n, k, device="cuda", dtype=DTYPE) * 0.02
                  for _ in range(copies_past_l2(2 * n * k))]
@@ -63,18 +69,32 @@ def main() -> None:
                 x = torch.randn(m, k, device="cuda", dtype=DTYPE)
                 codes, scales, zeros = packed[8][0]
                 ref = F.linear(x.float(), dequantize(codes, scales, zeros, 8, torch.float32))
-                out = engine_path(x, codes, scales, zeros, 8, group).float()
+                out = cuda_linear(x, codes, scales, zeros, 8, group).float()
                 err = ((out - ref).norm() / ref.norm()).item()
                 estimate = 2 * m * n * k / 500e12 + n * k / 2e12     # seconds, for the graph size
                 t16 = 1e6 * time_calls([lambda w=w: F.linear(x, w) for w in dense], estimate)
-                t = {bits: 1e6 * time_calls([lambda w=w, b=bits: engine_path(x, *w, b, group)
+                t = {bits: 1e6 * time_calls([lambda w=w, b=bits: cuda_linear(x, *w, b, group)
                                              for w in packed[bits]], estimate)
                      for bits in (4, 8)}
+                old = "-"
+                if m <= w8a16_gemv.MAX_ROWS:
+                    old = "%.1f" % (1e6 * time_calls(
+                        [lambda w=w: wna16_linear(x, *w, 8, group) for w in packed[8]],
+                        estimate))
                 print(f"| {name} | {group} | {m} | {t16:.1f} | {t[4]:.1f} | {t[8]:.1f} | "
-                      f"{t[8] / t[4]:.2f} | {err:.1e} |", flush=True)
+                      f"{t[8] / t[4]:.2f} | {old} | {err:.1e} |", flush=True)
+                if args.sweep and group == 128 and m <= w8a16_gemv.MAX_ROWS:
+                    best = min((1e6 * time_calls(
+                        [lambda w=w, c=cfg: w8a16_gemv.w8a16_gemv(x, *w, group, None, c)
+                         for w in packed[8]], estimate), cfg) for cfg in sweep_configs(m))
+                    tuned.append(f"    ('linear', {m}, {n}, {k}, {group}): {best[1]},  "
+                                 f"# {best[0]:.1f} us, default {t[8]:.1f}")
             del packed
         del dense
         torch.cuda.empty_cache()
+    if tuned:
+        print("\nw8a16_gemv.TUNED entries (gate_up timed as a plain linear):")
+        print("\n".join(tuned))
 
 
 if __name__ == "__main__":
