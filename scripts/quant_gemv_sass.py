@@ -7,7 +7,7 @@ Triton).
     python3 scripts/quant_gemv_sass.py w4 1,64,128,2,0,0 w4s 1,64,128,2,0,0 fp8 1,16,512,1,0,0
 
 w4: W4A16 with zero points (AWQ, GPTQ); w4s: symmetric (compressed-tensors, the engine's
-dummy W4A16); fp8: W8A8.
+dummy W4A16); w8, w8s: the same for W8A16 (kernels/w8a16_gemv.py); fp8: W8A8.
 
 Each config: BLOCK_M,BLOCK_N,BLOCK_K,SPLIT_K,dot,gated[,num_warps,num_stages] (BLOCK_M as
 the launcher pads it: 16 for dot, else the rows rounded up to a power of two; num_warps 4 and
@@ -29,7 +29,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from autoglm_serve.kernels import fp8_gemv, w4a16_gemv  # noqa: E402
+from autoglm_serve.kernels import fp8_gemv, w4a16_gemv, w8a16_gemv  # noqa: E402
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
@@ -45,6 +45,13 @@ def compile_kernel(kind: str, bm, bn, bk, split, dot, gated, warps=4, stages=3):
                "words": "i32", "groups": "i32", "even_exp": "i32", "odd_exp": "i32"}
         consts = dict(GROUP=128, HAS_ZEROS=kind == "w4", X_PAIRS=0 if dot else 1,
                       PACKED=packed)
+    elif kind in ("w8", "w8s"):
+        fn = w8a16_gemv._w8a16_gemv_kernel
+        sig = {"x_ptr": "*bf16" if dot else "*i32", "qw_ptr": "*i32", "s_ptr": "*bf16",
+               "z_ptr": "*u8", "bias_ptr": "*bf16", "y_ptr": "*bf16", "partial_ptr": "*fp32",
+               "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "x_stride": "i32",
+               "words": "i32", "groups": "i32", "byte_exp": "i32"}
+        consts = dict(GROUP=128, HAS_ZEROS=kind == "w8", X_PAIRS=0 if dot else 1)
     else:
         fn = fp8_gemv._fp8_gemv_kernel
         sig = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "bias_ptr": "*bf16",
