@@ -49,6 +49,7 @@ class EngineConfig:
     mm_encoder_quantization: str | None = None  # fp8: the vision tower's linears in FP8 W8A8
     attention_backend: str = "auto"           # auto | torch | triton
     mm_processor_kwargs: dict = field(default_factory=dict)
+    hf_overrides: dict = field(default_factory=dict)   # onto the model's config (vLLM's)
     limit_mm_per_prompt: dict = field(default_factory=dict)
     chat_template: str | None = None
     chat_template_content_format: str = "auto"    # auto | string | openai (vLLM's)

@@ -50,13 +50,15 @@ def test_flags_and_defaults():
                   "--gpu-memory-utilization", "0.8", "--dtype", "bfloat16", "--load-format",
                   "safetensors", "--api-key", "k", "--enforce-eager", "--trust-remote-code",
                   "--max-model-len", "32K", "--limit-mm-per-prompt", "image=2,video=0",
-                  "--max-request-body-mb", "10", "--cudagraph-mode", "FULL_AND_PIECEWISE"])
+                  "--max-request-body-mb", "10", "--cudagraph-mode", "FULL_AND_PIECEWISE",
+                  "--hf-overrides", '{"text_config": {"num_hidden_layers": 2}}'])
     cfg, s = engine_config_from_args(args), settings_from_args(args)
     assert (cfg.model, cfg.max_num_seqs, cfg.max_num_batched_tokens) == ("some/model", 64, 4096)
     assert not cfg.enable_chunked_prefill and not cfg.enable_prefix_caching
     assert cfg.gpu_memory_utilization == 0.8 and cfg.dtype == "bfloat16" and cfg.enforce_eager
     assert cfg.cudagraph_mode == "full_and_piecewise"   # vLLM's spelling, any case
     assert cfg.max_model_len == 32 * 1024 and cfg.limit_mm_per_prompt == {"image": 2, "video": 0}
+    assert cfg.hf_overrides == {"text_config": {"num_hidden_layers": 2}}
     assert s.served_model_names == ["a", "b"] and s.api_key == "k"
     assert s.max_request_body_bytes == 10 * 2**20 and not s.access_log
     d = parse([])

@@ -131,6 +131,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="awq | gptq | compressed-tensors (as the checkpoint's "
                         "quantization_config says; read from it when not given) | fp8 "
                         "(FP8 W8A8; on a 16-bit checkpoint: quantized at load)")
+    m.add_argument("--hf-overrides", type=_json_dict, default={},
+                   help='onto the model\'s Hugging Face config before it is built, e.g. '
+                        '\'{"text_config": {"num_hidden_layers": 2}}\' (a sub-config\'s keys '
+                        'are updated, any other key is replaced or added)')
     m.add_argument("--trust-remote-code", action="store_true",
                    help="accepted for vLLM compatibility; no remote code is ever run")
     m.add_argument("--revision", default=None,
@@ -319,6 +323,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         mm_encoder_tp_mode=args.mm_encoder_tp_mode, quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype, mm_encoder_quantization=args.mm_encoder_quantization,
         attention_backend=args.attention_backend, mm_processor_kwargs=args.mm_processor_kwargs,
+        hf_overrides=args.hf_overrides,
         limit_mm_per_prompt=args.limit_mm_per_prompt,
         chat_template=_read_chat_template(args.chat_template),
         chat_template_content_format=args.chat_template_content_format,

@@ -13,7 +13,10 @@
     in its own subprocess (a clean GPU): single stream (512 in, 256 out; decode tok/s), offline
     throughput (256 requests of 512 in / 128 out; output tok/s) and the weights in GiB (all and
     the text decoder's linear layers alone), and the KV cache's tokens. ``--modes`` adds
-    w4a16_fp8kv (--kv-cache-dtype fp8) and fp8_vit (--mm-encoder-quantization fp8).
+    w4a16_fp8kv (--kv-cache-dtype fp8), fp8_vit (--mm-encoder-quantization fp8), and gptq_w4
+    / gptq_int8_down: GPTQ's layout (g128, zero points), all 4-bit or with every down_proj at
+    8 bits as `quantize --int8-targets down_proj` writes it (--hf-overrides gives the dummy
+    model that quantization_config).
 Raw numbers go to $OUT/quant_bench.json when $OUT is set; a markdown table is printed last.
 """
 from __future__ import annotations
@@ -34,7 +37,11 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests"), HERE]
 MODES = {"bf16": {}, "w4a16": {"quantization": "compressed-tensors"},
          "fp8": {"quantization": "fp8"},
          "w4a16_fp8kv": {"quantization": "compressed-tensors", "kv_cache_dtype": "fp8"},
-         "fp8_vit": {"quantization": "fp8", "mm_encoder_quantization": "fp8"}}
+         "fp8_vit": {"quantization": "fp8", "mm_encoder_quantization": "fp8"},
+         "gptq_w4": {"quantization": "gptq"},
+         "gptq_int8_down": {"quantization": "gptq", "hf_overrides": {"quantization_config": {
+             "quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False,
+             "sym": False, "dynamic": {"+:.*down_proj": {"bits": 8}}}}}}
 DEFAULT_MODES = "bf16,w4a16,fp8"
 REAL_SHAPES = {"qkv": (4608, 4096), "o": (4096, 4096), "gate_up": (27392, 4096),
                "down": (4096, 13696)}

@@ -13,6 +13,7 @@ from torch import nn
 from autoglm_serve.config import EngineConfig
 from autoglm_serve.loader import (initialize_dummy_weights, iter_gguf_weights,
                                   iter_safetensors_weights, resolve_model_path)
+from autoglm_serve.loader.hf_overrides import apply_hf_overrides
 from autoglm_serve.loader.model_path import ResolvedModel
 from autoglm_serve.models.layers.cpu_gguf_linear import use_gguf_block_linears
 from autoglm_serve.models.layers.cpu_int4_linear import cpu_int4_available, use_int4_where_4bit
@@ -63,6 +64,7 @@ def resolve(config: EngineConfig) -> ResolvedModel:
         raise ValueError(f"load_format='gguf' but {resolved.path} is not a GGUF file")
     if config.load_format == "safetensors" and resolved.format != "safetensors":
         raise ValueError(f"load_format='safetensors' but {resolved.path} has no safetensors")
+    apply_hf_overrides(resolved.config, config.hf_overrides)
     return resolved
 
 
