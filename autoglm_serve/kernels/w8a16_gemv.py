@@ -1,8 +1,9 @@
 """Decode GEMV for int8 weights with 16-bit activations (W8A16): y = x @ dequant(W)^T (+ bias)
 for 1..MAX_ROWS activation rows. These are the Linears `quantize --int8-targets` keeps at 8 bits
 (every down_proj, say) inside an int4 checkpoint; without this kernel they took the prefill
-GEMM (kernels/wna16.py) at decode, whose 4-bit twin is 4-8x slower than the 4-bit GEMV there
-(w4a16_gemv.TUNED's comments).
+GEMM (kernels/wna16.py) at decode, which at 4 bits is 3.6-7.6x slower than the 4-bit GEMV at
+AutoGLM's shapes (w4a16_gemv.TUNED's comments: down_proj 114 against 15 us at one row, 108
+against 30 at 4-16 rows).
 
 The weight is our packed layout (quantization/packing.py): int32 words along K, byte j of a word
 is input channel 4w + j, one scale (and optionally a uint8 zero) per group of input channels.
