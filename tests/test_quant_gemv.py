@@ -331,7 +331,7 @@ def test_start_up_checks_pass(dtype, monkeypatch):
         monkeypatch.setattr(w4a16_gemv, "TUNED", cut(w4a16_gemv.TUNED))
         monkeypatch.setattr(fp8_gemv, "TUNED", cut(fp8_gemv.TUNED))
     try:
-        assert kernel_checks.check_w4a16_gemv(torch.device(DEVICE), dtype)
+        assert kernel_checks.check_wna16_gemv(torch.device(DEVICE), dtype, 4)
         assert kernel_checks.check_fp8_gemv(torch.device(DEVICE), dtype)
         assert kernel_checks.check_fp8_quant(torch.device(DEVICE), dtype)
     finally:
@@ -341,7 +341,7 @@ def test_start_up_checks_pass(dtype, monkeypatch):
 @pytest.mark.parametrize("kernel,name,wrong,check", [
     (w4a16_gemv, "w4a16_gemv", lambda x, qw, s, z, g, b=None, c=None:
      torch.zeros(x.shape[0], qw.shape[0], dtype=x.dtype, device=x.device),
-     kernel_checks.check_w4a16_gemv),
+     lambda device, dtype: kernel_checks.check_wna16_gemv(device, dtype, 4)),
     (fp8_quant, "silu_and_mul_quantize",       # the gate half quantized, not the product
      lambda x: fp8_quant.quantize_rows(x[:, : x.shape[1] // 2]), kernel_checks.check_fp8_quant),
 ], ids=["w4a16_gemv", "silu_and_mul_quantize"])

@@ -75,13 +75,13 @@ def test_w8a16_gemv_reads_an_odd_offset_view_of_bf16_activations():
 
 
 def test_start_up_check_passes_and_catches_a_wrong_kernel(monkeypatch):
-    assert kernel_checks.check_w8a16_gemv(torch.device(DEVICE), torch.bfloat16)
+    assert kernel_checks.check_wna16_gemv(torch.device(DEVICE), torch.bfloat16, 8)
     # the 4-bit kernel's output for 8-bit codes: plausible numbers, wrong ones
     monkeypatch.setattr(w8a16_gemv, "w8a16_gemv",
                         lambda x, qw, s, z, g, b=None, c=None: torch.zeros(
                             x.shape[0], qw.shape[0], dtype=x.dtype, device=x.device))
     try:
-        assert not kernel_checks.check_w8a16_gemv(torch.device(DEVICE), torch.bfloat16)
+        assert not kernel_checks.check_wna16_gemv(torch.device(DEVICE), torch.bfloat16, 8)
         assert not w8a16_gemv.ENABLED
     finally:
         w8a16_gemv.ENABLED = True

@@ -23,6 +23,8 @@ from autoglm_serve.quantization.wna16 import WNA16LinearMethod, dequantize
 
 logger = logging.getLogger(__name__)
 
+_DECODE_GEMVS = {4: w4a16_gemv, 8: w8a16_gemv}     # packed-int decode GEMVs by bit width
+
 
 def wna16_reference(x, qweight, scales, zeros, bits, group, bias=None, gated=False):
     """Dequantize-then-matmul with fp32 products; gated: gate and up rounded to x's dtype, then
@@ -72,50 +74,29 @@ def random_fp8(n, k, device, gen):
     return q.to(device), s.view(-1).to(device)
 
 
-def w4a16_cases(device, dtype):
-    """(name, x, (qweight, scales, zeros), group, bias, gated, config)."""
+def wna16_cases(device, dtype, bits):
+    """(name, x, (qweight, scales, zeros), group, bias, gated, config) for the ``bits``-bit
+    decode GEMV: every path once on small shapes (CUDA cores at one row, tensor cores at more,
+    groups within and across a tile, split-K, gating), then every tuned config at its own rows
+    and K."""
+    kernel = _DECODE_GEMVS[bits]
     gen = torch.Generator().manual_seed(0)
     cases = []
-    for m in (1, 3, w4a16_gemv.MAX_ROWS):
+    for m in (1, 3, kernel.MAX_ROWS):
         x = torch.randn(m, 1024, generator=gen).to(device, dtype)
         split = GemvConfig(16, 256, 2, dot=m > 1)
         for group, zeros in ((128, True), (32, False)):
             bias = torch.randn(100, generator=gen).to(device, dtype)
             cases += [(f"{m} rows, group {group}", x,
-                       random_w4(100, 1024, group, zeros, dtype, device, gen), group, bias, False,
-                       None),
-                      (f"{m} rows, group {group}, gated split-K", x,
-                       random_w4(144, 1024, group, zeros, dtype, device, gen), group, None, True,
-                       split)]
-    for (kind, m, n, k, group), cfg, rows in tuned_check_shapes(w4a16_gemv.TUNED):
-        cases.append((f"tuned {kind} {m}x{n}x{k}/{group}",
-                      torch.randn(m, k, generator=gen).to(device, dtype),
-                      random_w4(rows, k, group, True, dtype, device, gen), group, None,
-                      kind == "gated", cfg))
-    return cases
-
-
-def w8a16_cases(device, dtype):
-    """(name, x, (qweight, scales, zeros), group, bias, gated, config): every path once on
-    small shapes (CUDA cores at one row, tensor cores at more, groups within and across a
-    tile, split-K, gating), then every tuned config at its own rows and K."""
-    gen = torch.Generator().manual_seed(0)
-    cases = []
-    for m in (1, 3, w8a16_gemv.MAX_ROWS):
-        x = torch.randn(m, 1024, generator=gen).to(device, dtype)
-        split = GemvConfig(16, 256, 2, dot=m > 1)
-        for group, zeros in ((128, True), (32, False)):
-            bias = torch.randn(100, generator=gen).to(device, dtype)
-            cases += [(f"{m} rows, group {group}", x,
-                       random_wn(100, 1024, 8, group, zeros, dtype, device, gen), group, bias,
+                       random_wn(100, 1024, bits, group, zeros, dtype, device, gen), group, bias,
                        False, None),
                       (f"{m} rows, group {group}, gated split-K", x,
-                       random_wn(144, 1024, 8, group, zeros, dtype, device, gen), group, None,
+                       random_wn(144, 1024, bits, group, zeros, dtype, device, gen), group, None,
                        True, split)]
-    for (kind, m, n, k, group), cfg, rows in tuned_check_shapes(w8a16_gemv.TUNED):
+    for (kind, m, n, k, group), cfg, rows in tuned_check_shapes(kernel.TUNED):
         cases.append((f"tuned {kind} {m}x{n}x{k}/{group}",
                       torch.randn(m, k, generator=gen).to(device, dtype),
-                      random_wn(rows, k, 8, group, True, dtype, device, gen), group, None,
+                      random_wn(rows, k, bits, group, True, dtype, device, gen), group, None,
                       kind == "gated", cfg))
     return cases
 
@@ -183,32 +164,23 @@ def _check(kernel, runs, what, reference, fallback) -> bool:
     return kernel.ENABLED
 
 
-def check_w4a16_gemv(device: torch.device, dtype: torch.dtype) -> bool:
-    """Sets ``w4a16_gemv.ENABLED = False`` (kernels/wna16.py then runs) on a compile or launch
-    failure or a disagreement; returns ``ENABLED``."""
-    if dtype not in w4a16_gemv.DTYPES:
-        return w4a16_gemv.ENABLED
+def check_wna16_gemv(device: torch.device, dtype: torch.dtype, bits: int) -> bool:
+    """The ``bits``-bit decode GEMV (kernels/w4a16_gemv.py, w8a16_gemv.py): sets its
+    ``ENABLED = False`` (kernels/wna16.py then runs) on a compile or launch failure or a
+    disagreement; returns ``ENABLED``."""
+    kernel = _DECODE_GEMVS[bits]
+    if dtype not in kernel.DTYPES:
+        return kernel.ENABLED
+    linear, gated_linear = ((kernel.w4a16_gemv, kernel.w4a16_gated_gemv) if bits == 4
+                            else (kernel.w8a16_gemv, kernel.w8a16_gated_gemv))
 
     def runs():   # a generator: the cases are drawn inside _check's try
-        for name, x, (qw, s, z), group, bias, gated, cfg in w4a16_cases(device, dtype):
-            got = (w4a16_gemv.w4a16_gated_gemv(x, qw, s, z, group, cfg) if gated
-                   else w4a16_gemv.w4a16_gemv(x, qw, s, z, group, bias, cfg))
-            yield name, got, w4a16_reference(x, qw, s, z, group, bias, gated)
-    return _check(w4a16_gemv, runs(), "W4A16 GEMV", "dequantize-then-matmul", "the GEMM kernel")
-
-
-def check_w8a16_gemv(device: torch.device, dtype: torch.dtype) -> bool:
-    """Sets ``w8a16_gemv.ENABLED = False`` (kernels/wna16.py then runs) on a compile or launch
-    failure or a disagreement; returns ``ENABLED``."""
-    if dtype not in w8a16_gemv.DTYPES:
-        return w8a16_gemv.ENABLED
-
-    def runs():
-        for name, x, (qw, s, z), group, bias, gated, cfg in w8a16_cases(device, dtype):
-            got = (w8a16_gemv.w8a16_gated_gemv(x, qw, s, z, group, cfg) if gated
-                   else w8a16_gemv.w8a16_gemv(x, qw, s, z, group, bias, cfg))
-            yield name, got, wna16_reference(x, qw, s, z, 8, group, bias, gated)
-    return _check(w8a16_gemv, runs(), "W8A16 GEMV", "dequantize-then-matmul", "the GEMM kernel")
+        for name, x, (qw, s, z), group, bias, gated, cfg in wna16_cases(device, dtype, bits):
+            got = (gated_linear(x, qw, s, z, group, cfg) if gated
+                   else linear(x, qw, s, z, group, bias, cfg))
+            yield name, got, wna16_reference(x, qw, s, z, bits, group, bias, gated)
+    return _check(kernel, runs(), f"W{bits}A16 GEMV", "dequantize-then-matmul",
+                  "the GEMM kernel")
 
 
 def check_fp8_gemv(device: torch.device, dtype: torch.dtype) -> bool:
@@ -279,10 +251,8 @@ def check_decode_kernels(model: nn.Module, device: torch.device, dtype: torch.dt
     linear layers would run."""
     methods = [m.linear_method for m in model.modules() if isinstance(m, LinearBase)]
     bits = {m.scheme.bits for m in methods if isinstance(m, WNA16LinearMethod)}
-    if 4 in bits:
-        check_w4a16_gemv(device, dtype)
-    if 8 in bits:
-        check_w8a16_gemv(device, dtype)
+    for b in sorted(bits & set(_DECODE_GEMVS)):
+        check_wna16_gemv(device, dtype, b)
     if any(isinstance(m, Fp8LinearMethod) for m in methods):
         check_fp8_gemv(device, dtype)
         check_fp8_gemm(device, dtype)
