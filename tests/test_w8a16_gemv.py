@@ -91,9 +91,12 @@ def test_start_up_check_passes_and_catches_a_wrong_kernel(monkeypatch):
 def test_the_linear_method_takes_the_8_bit_gemv_for_a_few_rows_only(monkeypatch):
     """cuda_linear's choice: 8-bit codes at 1..16 rows go to the 8-bit GEMV (never the 4-bit
     one), more rows to dequantize + cuBLAS; all three agree with the reference."""
-    calls = []
-    real = w8a16_gemv.w8a16_gemv
-    monkeypatch.setattr(w8a16_gemv, "w8a16_gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    calls, real = [], w8a16_gemv.w8a16_gemv
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(w8a16_gemv, "w8a16_gemv", counted)
     qw, s, z = random_wn(4096, 13696, 8, 128, True, torch.bfloat16, "cuda", gen())
     assert not w4a16_gemv.supports(torch.randn(1, 13696, device="cuda"), qw, s, 8, 128)
     for m, gemv_calls in ((1, 1), (16, 2), (17, 2)):
