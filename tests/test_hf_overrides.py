@@ -65,6 +65,10 @@ def test_engine_builds_the_overridden_model_with_8_bit_down_proj_on_cpu():
         bits = {name.rsplit(".", 1)[-1]: m.scheme.bits for name, m in methods.items()
                 if isinstance(m, WNA16LinearMethod)}
         assert bits == {"qkv_proj": 4, "o_proj": 4, "gate_up_proj": 4, "down_proj": 8}
+        # the start-up report names the mix
+        assert llm.engine.core.loaded.quantization == (
+            "gptq: W4A16 (group 32, zero points); W8A16 (group 32, zero points) for "
+            "re:.*down_proj (from the checkpoint)")
         assert len(_generate(llm)) == 8
     finally:
         llm.shutdown()

@@ -57,8 +57,13 @@ class QuantConfig:
         return self.default
 
     def describe(self) -> str:
+        """The start-up report's words: the default scheme, then each override's (an int4/int8
+        mix names its 8-bit modules)."""
         how = "quantized at load" if self.quantize_at_load else "from the checkpoint"
-        return f"{self.method}: {self.default.describe() if self.default else 'none'} ({how})"
+        parts = [self.default.describe() if self.default else "none"]
+        parts += [f"{scheme.describe() if scheme else 'unquantized'} for {pattern}"
+                  for pattern, scheme in self.overrides]
+        return f"{self.method}: {'; '.join(parts)} ({how})"
 
 
 def resolve_quant_config(hf_config, quantization: str | None, dummy: bool) -> QuantConfig | None:
