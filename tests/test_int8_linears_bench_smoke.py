@@ -13,4 +13,4 @@ def test_int8_linears_bench_smoke_runs():
         assert float(row.rstrip(" |").rsplit("|", 1)[1]) < 1e-2, row
     entries = re.findall(r"\('(linear|gated)', (\d+), (\d+), (\d+), 128\): GemvConfig\(", stdout)
     assert {(kind, int(m)) for kind, m, _, _ in entries} == {
-        (kind, m) for kind in ("linear", "gated") for m in (1, 4, 16)}
+        (kind, m) for kind in ("linear", "gated") for m in (1, 4, 16, 32)}

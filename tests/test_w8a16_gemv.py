@@ -47,6 +47,35 @@ def test_w8a16_gemv_matches_dequantized_matmul(group, zeros, m):
         assert rel(out, wna16_reference(x, qw, s, z, 8, group, bias if zeros else None)) < 1e-5
 
 
+@pytest.mark.parametrize("m", [17, 33, w8a16_gemv.WIDE_MAX_ROWS])
+def test_w8a16_gemv_past_sixteen_rows(m):
+    """Decode batches of 17..WIDE_MAX_ROWS rows on tensor cores, with split-K (its partials'
+    workspace holds the rows bucket, 32 or 64; one of 16 rows would be overrun), bias and
+    gating; dispatched only where TUNED has the shape."""
+    g = gen()
+    qw, s, z = random_wn(37, 384, 8, 128, True, torch.bfloat16, DEVICE, g)
+    gate_up = random_wn(2 * 21, 384, 8, 128, False, torch.bfloat16, DEVICE, g)
+    bias = torch.randn(37, generator=g).to(DEVICE)
+    x = torch.randn(m, 384, generator=g).to(DEVICE)
+    for cfg in (Config(16, 128, 3, dot=True), Config(32, 128, 1, dot=True)):
+        out = w8a16_gemv.w8a16_gemv(x, qw, s, z, 128, bias, cfg)
+        assert rel(out, wna16_reference(x, qw, s, z, 8, 128, bias)) < 1e-5, cfg
+        x16 = x.to(torch.bfloat16)
+        out = w8a16_gemv.w8a16_gated_gemv(x16, *gate_up, 128, cfg)
+        assert rel(out, wna16_reference(x16, *gate_up, 8, 128, gated=True)) < 1e-2, cfg
+
+
+@pytest.mark.gpu
+def test_rows_past_sixteen_only_where_tuned(monkeypatch):
+    qw, s, _ = random_wn(4096, 13696, 8, 128, True, torch.bfloat16, "cuda", gen())
+    x = torch.randn(32, 13696, device="cuda", dtype=torch.bfloat16)
+    assert w8a16_gemv.supports(x[:16], qw, s, 8, 128)
+    assert not w8a16_gemv.supports(x, qw, s, 8, 128)
+    monkeypatch.setitem(w8a16_gemv.TUNED, ("linear", 32, 4096, 13696, 128),
+                        Config(64, 128, 2, dot=True))
+    assert w8a16_gemv.supports(x, qw, s, 8, 128)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m", [1, 5])
 def test_w8a16_gemv_with_16_bit_activations_and_gating(dtype, m):
@@ -110,15 +139,18 @@ def test_the_linear_method_takes_the_8_bit_gemv_for_a_few_rows_only(monkeypatch)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_compiled_w8a16_gemv_at_the_model_shapes(dtype):
     """The compiled kernel (inline PTX loads, the byte-in-mantissa trick in registers) at
-    AutoGLM's down, gate_up (gated) and qkv shapes, groups of 128 and 32."""
+    AutoGLM's down, gate_up (gated) and qkv shapes, groups of 128 and 32, 1 to 64 rows."""
     g = torch.Generator(device="cuda").manual_seed(0)
     for n, k, gated in ((4096, 13696, False), (13696, 4096, True), (4608, 4096, False)):
         for group in (128, 32):
             qw, s, z = random_wn(2 * n if gated else n, k, 8, group, True, dtype, "cuda", g)
-            for m in (1, 2, 8, 16):
+            for m in (1, 2, 8, 16, 32, w8a16_gemv.WIDE_MAX_ROWS):
                 x = torch.randn(m, k, generator=g, device="cuda").to(dtype)
                 want = wna16_reference(x, qw, s, z, 8, group, gated=gated)
-                for cfg in (None, Config(64, 256, 2, dot=m > 1), Config(128, 128, 4, dot=False)):
+                configs = ((None, Config(64, 256, 2, dot=m > 1), Config(128, 128, 4, dot=False))
+                           if m <= w8a16_gemv.MAX_ROWS else
+                           (Config(64, 128, 2, dot=True), Config(32, 128, 4, dot=True)))
+                for cfg in configs:
                     out = (w8a16_gemv.w8a16_gated_gemv(x, qw, s, z, group, cfg) if gated
                            else w8a16_gemv.w8a16_gemv(x, qw, s, z, group, None, cfg))
                     assert rel(out, want) < 1e-2, (n, k, group, m, cfg)

@@ -1,5 +1,6 @@
 """Decode GEMV for int8 weights with 16-bit activations (W8A16): y = x @ dequant(W)^T (+ bias)
-for 1..MAX_ROWS activation rows. These are the Linears `quantize --int8-targets` keeps at 8 bits
+for 1..MAX_ROWS activation rows, and up to WIDE_MAX_ROWS where TUNED has a config for the rows
+(as the 4-bit GEMV: there the alternative dequantizes the whole weight for cuBLAS). These are the Linears `quantize --int8-targets` keeps at 8 bits
 (every down_proj, say) inside an int4 checkpoint; without this kernel they took the prefill
 GEMM (kernels/wna16.py) at decode, which at 4 bits is 3.6-7.6x slower than the 4-bit GEMV at
 AutoGLM's shapes (w4a16_gemv.TUNED's comments: down_proj 114 against 15 us at one row, 108
@@ -17,7 +18,7 @@ without that kernel's bf16-pair path (a byte does not fit a bf16's mantissa):
 - CUDA cores (``dot=False``, any rows): the group's scale and zero factored out of each word's
   sum, s * (sum_j x_j (256 + q_j) - (256 + z) sum_j x_j), so a weight costs a shift, its LOP3
   and one fma; products accumulated elementwise in fp32 and reduced across K once at the end;
-- ``dot=True`` (2..MAX_ROWS rows): one tensor-core product a tile of the exact integers q - z
+- ``dot=True`` (2..WIDE_MAX_ROWS rows): one tensor-core product a tile of the exact integers q - z
   in x's dtype (|q - z| <= 255: exact in bf16), the bytes interleaved back into K order,
   scaled after it when the tile lies in one group, else each weight scaled first.
 
@@ -45,6 +46,7 @@ from autoglm_serve.kernels.w4a16_gemv import group_params
 
 ENABLED = True
 MAX_ROWS = 16           # the decode CUDA graphs' batch sizes 1, 2, 4, 8, 16
+WIDE_MAX_ROWS = 64      # 17..64 rows (decode batches of 32, 48, 64): only where TUNED says
 DOT_MIN_ROWS = 16       # tl.dot's smallest tile side for 16-bit operands
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # the exponent bits of 256.0, an argument so it sits in a register: ptxas then merges a byte's
@@ -282,23 +284,27 @@ def supports(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits:
     if not (qweight.is_contiguous() and scales.is_contiguous()):
         return False
     m = x.numel() // k
-    if not 1 <= m <= MAX_ROWS:
+    if not 1 <= m <= WIDE_MAX_ROWS:
         return False
     if gated and (qweight.shape[0] % 2 or bias is not None):
         return False
     n = qweight.shape[0] // 2 if gated else qweight.shape[0]
     key = _tuned_key(m, n, k, group, gated)
+    if m > MAX_ROWS:     # measured against dequantize-then-cuBLAS, or not taken
+        return TUNED.get(key) is not None
     return key not in TUNED or TUNED[key] is not None
 
 
 def _launch(x, qweight, scales, zeros, group, bias, n, gated, config):
     k = x.shape[-1]
-    x2 = as_rows(x, k, MAX_ROWS)
+    x2 = as_rows(x, k, WIDE_MAX_ROWS)
     m = x2.shape[0]
     cfg = config or select_config(m, n, k, group, gated)
     assert cfg.block_k % 4 == 0 and cfg.block_k >= 16
     assert not cfg.dot or (cfg.block_k >= 64 and cfg.block_n >= 16), "tl.dot tiles are >= 16"
-    y, tiles, partials, counts = launch_buffers(x, m, n, cfg, gated)
+    # split-K partials for the rows bucket (a workspace of 16 rows would be overrun at 32-64)
+    y, tiles, partials, counts = launch_buffers(x, m, n, cfg, gated,
+                                                max(MAX_ROWS, rows_bucket(m)))
     block_m = max(DOT_MIN_ROWS, next_power_of_2(m)) if cfg.dot else next_power_of_2(m)
     pairs = 0 if cfg.dot or x.dtype == torch.float32 else (1 if x.dtype == torch.bfloat16 else 2)
     _w8a16_gemv_kernel[(tiles, cfg.split_k)](
@@ -316,7 +322,7 @@ def _launch(x, qweight, scales, zeros, group, bias, n, gated, config):
 def w8a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor | None, group: int, bias: torch.Tensor | None = None,
                config: GemvConfig | None = None) -> torch.Tensor:
-    """x [..., K] (<= MAX_ROWS rows), qweight int32 [N, K / 4], scales [N, K / group],
+    """x [..., K] (<= WIDE_MAX_ROWS rows), qweight int32 [N, K / 4], scales [N, K / group],
     zeros uint8 [N, K / group] or None (symmetric: 128) -> [..., N] in x's dtype."""
     return _launch(x, qweight, scales, zeros, group, bias, qweight.shape[0], False, config)
 

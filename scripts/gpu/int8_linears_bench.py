@@ -44,7 +44,8 @@ DTYPE = torch.bfloat16
 
 
 def sweep_configs(m: int, smoke: bool):
-    """8-bit GEMV configs to try at m rows: CUDA cores at one row, tensor cores at more."""
+    """8-bit GEMV configs to try at m rows: CUDA cores at one row, tensor cores at more (above
+    16 rows a TUNED entry is what lets the engine take the GEMV at all)."""
     configs = [GemvConfig(block_n, block_k, split_k, 4, 3, dot=m > 1)
                for block_n in (32, 64, 128) for block_k in (128, 256)
                for split_k in (1, 2, 4, 8)]
@@ -54,7 +55,7 @@ def sweep_configs(m: int, smoke: bool):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true",
-                    help="8-bit GEMV configs at M <= 16, group 128")
+                    help="8-bit GEMV configs at M <= 64, group 128")
     ap.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes")
     args = ap.parse_args()
     smoke = args.smoke
@@ -80,7 +81,7 @@ def main() -> None:
                                                              device=device), bits),
                                  scales, zeros)
                                 for _ in range(copies(n * k * bits // 8))]
-            for m in (1, 4, 16, 32) if smoke else (1, 4, 16, 256, 2048):
+            for m in (1, 4, 16, 32) if smoke else (1, 4, 16, 32, 64, 256, 2048):
                 x = torch.randn(m, k, device=device, dtype=DTYPE)
                 codes, scales, zeros = packed[8][0]
                 ref = F.linear(x.float(), dequantize(codes, scales, zeros, 8, torch.float32))
@@ -99,7 +100,7 @@ def main() -> None:
                                           for w in packed[8]])
                 print(f"| {name} | {group} | {m} | {t16:.1f} | {t[4]:.1f} | {t[8]:.1f} | "
                       f"{t[8] / t[4]:.2f} | {old} | {err:.1e} |", flush=True)
-                if args.sweep and group == 128 and m <= w8a16_gemv.MAX_ROWS:
+                if args.sweep and group == 128 and m <= w8a16_gemv.WIDE_MAX_ROWS:
                     gated = name == "gate_up"
                     gemv = w8a16_gemv.w8a16_gated_gemv if gated else w8a16_gemv.w8a16_gemv
                     best = min((timed([lambda w=w, c=cfg: gemv(x, *w, group, config=c)
