@@ -1,8 +1,8 @@
 """Decode GEMV for int8 weights with 16-bit activations (W8A16): y = x @ dequant(W)^T (+ bias)
 for 1..MAX_ROWS activation rows, and up to WIDE_MAX_ROWS where TUNED has a config for the rows
-(as the 4-bit GEMV: there the alternative dequantizes the whole weight for cuBLAS). These are the Linears `quantize --int8-targets` keeps at 8 bits
-(every down_proj, say) inside an int4 checkpoint; without this kernel they took the prefill
-GEMM (kernels/wna16.py) at decode, which at 4 bits is 3.6-7.6x slower than the 4-bit GEMV at
+(as the 4-bit GEMV: there the alternative dequantizes the whole weight for cuBLAS). These are
+the Linears `quantize --int8-targets` keeps at 8 bits (every down_proj, say) inside an int4
+checkpoint; without this kernel they took the prefill GEMM (kernels/wna16.py) at decode, which at 4 bits is 3.6-7.6x slower than the 4-bit GEMV at
 AutoGLM's shapes (w4a16_gemv.TUNED's comments: down_proj 114 against 15 us at one row, 108
 against 30 at 4-16 rows).
 
@@ -18,8 +18,8 @@ without that kernel's bf16-pair path (a byte does not fit a bf16's mantissa):
 - CUDA cores (``dot=False``, any rows): the group's scale and zero factored out of each word's
   sum, s * (sum_j x_j (256 + q_j) - (256 + z) sum_j x_j), so a weight costs a shift, its LOP3
   and one fma; products accumulated elementwise in fp32 and reduced across K once at the end;
-- ``dot=True`` (2..WIDE_MAX_ROWS rows): one tensor-core product a tile of the exact integers q - z
-  in x's dtype (|q - z| <= 255: exact in bf16), the bytes interleaved back into K order,
+- ``dot=True`` (2..WIDE_MAX_ROWS rows): one tensor-core product a tile of the exact integers
+  q - z in x's dtype (|q - z| <= 255: exact in bf16), the bytes interleaved back into K order,
   scaled after it when the tile lies in one group, else each weight scaled first.
 
 Split-K, its deterministic last-program reduction, the gated variant (gate_up followed by

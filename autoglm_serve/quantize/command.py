@@ -37,7 +37,8 @@ def add_quantize_subcommand(subparsers: argparse._SubParsersAction) -> argparse.
                    help="int4 methods: Linear layers kept at 8 bits (int8 weights in the same "
                         "groups, W8A16), as llama.cpp's Q4_K_M keeps some tensors at 6 bits: "
                         "a module name or its last part (down_proj), or a re: pattern. "
-                        "down_proj about halves what int4 costs SmolLM2's perplexity (BENCHMARKS.md)")
+                        "down_proj about halves what int4 costs SmolLM2's perplexity "
+                        "(BENCHMARKS.md)")
     p.add_argument("--num-samples", type=int, default=DEFAULT_NUM_SAMPLES,
                    help="calibration samples (conversations and documents)")
     p.add_argument("--max-tokens", type=int, default=512, help="text tokens per calibration sample")
