@@ -1,10 +1,9 @@
 """Start-up self-check of the quantized decode GEMVs (kernels/w4a16_gemv.py, w8a16_gemv.py,
-fp8_gemv.py)
-and the split-K FP8 GEMM (kernels/fp8_gemm.py) against the dequantize-then-matmul references, on
-every path once and every tuned config at its own rows and K, and of the FP8 activation
-quantization (kernels/fp8_quant.py) against the torch ops. It lives above the kernels (they must
-not import quantization back) and runs only for the kernels the loaded model uses, before
-CUDA-graph capture (it compiles).
+fp8_gemv.py) and the split-K FP8 GEMM (kernels/fp8_gemm.py) against the dequantize-then-matmul
+references, on every path once and every tuned config at its own rows and K, and of the FP8
+activation quantization (kernels/fp8_quant.py) against the torch ops. It lives above the kernels
+(they must not import quantization back) and runs only for the kernels the loaded model uses,
+before CUDA-graph capture (it compiles).
 """
 from __future__ import annotations
 
@@ -14,16 +13,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autoglm_serve.kernels import fp8_gemm, fp8_gemv, fp8_quant, fused_ops, w4a16_gemv, w8a16_gemv
+from autoglm_serve.kernels import fp8_gemm, fp8_gemv, fp8_quant, fused_ops
 from autoglm_serve.kernels.gemv import GemvConfig, tuned_check_shapes
 from autoglm_serve.models.layers.linear import LinearBase
 from autoglm_serve.quantization.fp8 import Fp8LinearMethod, quantize_rows
 from autoglm_serve.quantization.packing import pack_last_dim
-from autoglm_serve.quantization.wna16 import WNA16LinearMethod, dequantize
+from autoglm_serve.quantization.wna16 import (WNA16LinearMethod, decode_gemv_kernel,
+                                              dequantize)
 
 logger = logging.getLogger(__name__)
-
-_DECODE_GEMVS = {4: w4a16_gemv, 8: w8a16_gemv}     # packed-int decode GEMVs by bit width
 
 
 def wna16_reference(x, qweight, scales, zeros, bits, group, bias=None, gated=False):
@@ -79,7 +77,7 @@ def wna16_cases(device, dtype, bits):
     decode GEMV: every path once on small shapes (CUDA cores at one row, tensor cores at more,
     groups within and across a tile, split-K, gating), then every tuned config at its own rows
     and K."""
-    kernel = _DECODE_GEMVS[bits]
+    kernel = decode_gemv_kernel(bits)[0]
     gen = torch.Generator().manual_seed(0)
     cases = []
     for m in (1, 3, kernel.MAX_ROWS):
@@ -168,11 +166,9 @@ def check_wna16_gemv(device: torch.device, dtype: torch.dtype, bits: int) -> boo
     """The ``bits``-bit decode GEMV (kernels/w4a16_gemv.py, w8a16_gemv.py): sets its
     ``ENABLED = False`` (kernels/wna16.py then runs) on a compile or launch failure or a
     disagreement; returns ``ENABLED``."""
-    kernel = _DECODE_GEMVS[bits]
+    kernel, linear, gated_linear = decode_gemv_kernel(bits)
     if dtype not in kernel.DTYPES:
         return kernel.ENABLED
-    linear, gated_linear = ((kernel.w4a16_gemv, kernel.w4a16_gated_gemv) if bits == 4
-                            else (kernel.w8a16_gemv, kernel.w8a16_gated_gemv))
 
     def runs():   # a generator: the cases are drawn inside _check's try
         for name, x, (qw, s, z), group, bias, gated, cfg in wna16_cases(device, dtype, bits):
@@ -251,8 +247,9 @@ def check_decode_kernels(model: nn.Module, device: torch.device, dtype: torch.dt
     linear layers would run."""
     methods = [m.linear_method for m in model.modules() if isinstance(m, LinearBase)]
     bits = {m.scheme.bits for m in methods if isinstance(m, WNA16LinearMethod)}
-    for b in sorted(bits & set(_DECODE_GEMVS)):
-        check_wna16_gemv(device, dtype, b)
+    for b in sorted(bits):
+        if decode_gemv_kernel(b) is not None:
+            check_wna16_gemv(device, dtype, b)
     if any(isinstance(m, Fp8LinearMethod) for m in methods):
         check_fp8_gemv(device, dtype)
         check_fp8_gemm(device, dtype)

@@ -128,17 +128,30 @@ def cuda_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     return wna16_linear(x, qweight, scales, zeros, bits, group, bias)
 
 
+def decode_gemv_kernel(bits: int):
+    """(module, GEMV, gated GEMV) of the ``bits``-bit decode GEMV: kernels/w4a16_gemv.py at 4
+    bits, w8a16_gemv.py at 8; None at other widths. The one map from a width to its kernel (the
+    layers' dispatch and the start-up check, quantization/kernel_checks.py, both read it)."""
+    from autoglm_serve.kernels import w4a16_gemv, w8a16_gemv
+    if bits == 4:
+        return w4a16_gemv, w4a16_gemv.w4a16_gemv, w4a16_gemv.w4a16_gated_gemv
+    if bits == 8:
+        return w8a16_gemv, w8a16_gemv.w8a16_gemv, w8a16_gemv.w8a16_gated_gemv
+    return None
+
+
 def _decode_gemv(x, qweight, scales, bits, group, bias, gated):
-    """The decode GEMV for this call (kernels/w4a16_gemv.py at 4 bits, w8a16_gemv.py at 8),
-    where one takes it (CUDA, fused kernels on, a few rows); else None."""
+    """The decode GEMV for this call where one takes it (CUDA, fused kernels on, a few rows);
+    else None."""
     if not fused_kernels_on(x):
         return None
-    from autoglm_serve.kernels import w4a16_gemv, w8a16_gemv
-    if bits == 4 and w4a16_gemv.supports(x, qweight, scales, bits, group, bias, gated):
-        return w4a16_gemv.w4a16_gated_gemv if gated else w4a16_gemv.w4a16_gemv
-    if bits == 8 and w8a16_gemv.supports(x, qweight, scales, bits, group, bias, gated):
-        return w8a16_gemv.w8a16_gated_gemv if gated else w8a16_gemv.w8a16_gemv
-    return None
+    kernel = decode_gemv_kernel(bits)
+    if kernel is None:
+        return None
+    module, linear, gated_linear = kernel
+    if not module.supports(x, qweight, scales, bits, group, bias, gated):
+        return None
+    return gated_linear if gated else linear
 
 
 def _load_g_idx(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
